@@ -1,0 +1,1 @@
+"""Checks, one module per known defect; discovered by ``npudoctor.check.all_checks``."""

@@ -1,0 +1,202 @@
+"""Turn the user's description of a deployment into ``Facts``.
+
+Three inputs, one result: a YAML file (``--config``), a real launch command
+(``npudoctor check -- python -m sglang.launch_server ...``), or ``--model-path`` with a
+few flags. Files are read with ``yaml.safe_load`` / ``json.load`` only; nothing in a
+model directory is ever executed. Every error names the file and field.
+
+YAML shape::
+
+    model: {config: path/to/config.json}    # or {path: model_dir} or {hf_config: {...}}
+    env: {ASCEND_USE_FIA: "1"}              # shared by all roles
+    roles:
+      prefill: {server_args: {pp_size: 2, disaggregation_mode: prefill}}
+      decode:  {args: ["--disaggregation-mode", "decode"], env: {...}}
+    ignore:
+      - {id: NPD003, until: 2026-12-31, reason: "PP transfer fixed by our image patch"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from npudoctor.errors import InputError
+from npudoctor.facts import NO_DEPLOYMENT, Facts, ModelFacts, role_facts
+from npudoctor.ignores import Ignore, parse_yaml
+from npudoctor.launch import parse_arguments, parse_command
+
+# Environment variables that change sglang's code paths on Ascend; read from the
+# caller's environment when a deployment is given as a launch command.
+_CODE_PATH_ENV_PREFIXES = ("ASCEND_", "SGLANG_", "HCCL_", "PYTORCH_NPU_", "TASK_QUEUE_")
+
+_YAML_KEYS = {"model", "env", "roles", "ignore"}
+_ROLE_KEYS = {"server_args", "args", "env"}
+_MODEL_KEYS = {"config", "path", "hf_config"}
+
+
+@dataclass
+class Deployment:
+    facts: Facts
+    ignores: list[Ignore] = field(default_factory=list)
+
+
+def from_yaml(path: Path) -> Deployment:
+    where = str(path)
+    data = _load_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: top level must be a mapping with model/env/roles")
+    _reject_unknown(data, _YAML_KEYS, where)
+    base = path.parent
+    model = _model_from_yaml(data.get("model"), base, f"{where}: model")
+    shared_env = _env_mapping(data.get("env"), f"{where}: env")
+    roles_data = data.get("roles")
+    if roles_data is None:
+        roles_data = {"server": {}}
+    if not isinstance(roles_data, dict) or not roles_data:
+        raise InputError(f"{where}: roles must be a mapping of role name to {{server_args|args, env}}")
+    roles = []
+    for name, spec in roles_data.items():
+        role_where = f"{where}: roles.{name}"
+        spec = spec or {}
+        if not isinstance(spec, dict):
+            raise InputError(f"{role_where}: must be a mapping with server_args, args or env")
+        _reject_unknown(spec, _ROLE_KEYS, role_where)
+        server_args = spec.get("server_args") or {}
+        if not isinstance(server_args, dict):
+            raise InputError(f"{role_where}.server_args: must be a mapping of ServerArgs fields")
+        unknown: list[str] = []
+        if spec.get("args") is not None:
+            args = spec["args"]
+            if isinstance(args, str):
+                args = args.split()
+            if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+                raise InputError(f"{role_where}.args: must be a list of command-line words")
+            parsed, unknown = _parse_args([str(a) for a in args], f"{role_where}.args")
+            server_args = {**parsed, **server_args}
+        env = {**shared_env, **_env_mapping(spec.get("env"), f"{role_where}.env")}
+        roles.append(role_facts(str(name), server_args, env, model, tuple(unknown), role_where))
+    ignores = parse_yaml(data.get("ignore"), where)
+    return Deployment(Facts(model=model, roles=tuple(roles), source=f"yaml:{path}"), ignores)
+
+
+def from_command(argv: list[str], parser=None) -> Deployment:
+    """A deployment from one real launch command: one role, its env from the caller plus the prefix."""
+    command = parse_command(argv, parser)
+    env = {k: v for k, v in os.environ.items() if k.startswith(_CODE_PATH_ENV_PREFIXES)}
+    env.update(command.env)
+    model = None
+    model_path = command.server_args.get("model_path")
+    if model_path:
+        model = model_from_dir(Path(str(model_path)), "launch command: --model-path")
+    mode = str(command.server_args.get("disaggregation_mode") or "null")
+    name = mode if mode in ("prefill", "decode") else "server"
+    role = role_facts(name, command.server_args, env, model, tuple(command.unknown_args), "launch command")
+    return Deployment(Facts(model=model, roles=(role,), source="command"))
+
+
+def from_flags(model_path: Path | None, server_args: dict[str, Any], env: dict[str, str]) -> Deployment:
+    """A deployment from ``--model-path`` and the few server flags ``check`` takes."""
+    model = model_from_dir(model_path, "--model-path") if model_path else None
+    mode = str(server_args.get("disaggregation_mode") or "null")
+    name = mode if mode in ("prefill", "decode") else "server"
+    role = role_facts(name, server_args, env, model, (), "flags")
+    return Deployment(Facts(model=model, roles=(role,), source="flags"))
+
+
+def no_deployment() -> Deployment:
+    return Deployment(NO_DEPLOYMENT)
+
+
+def model_from_dir(path: Path, where: str) -> ModelFacts:
+    if path.is_file() and path.suffix == ".json":
+        return model_from_config_file(path)
+    if not path.is_dir():
+        raise InputError(
+            f"{where} {path}: not a local model directory (npudoctor reads its config.json; "
+            "hub ids are not fetched)"
+        )
+    return model_from_config_file(path / "config.json")
+
+
+def model_from_config_file(path: Path) -> ModelFacts:
+    if not path.is_file():
+        raise InputError(f"{path}: no such model config file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read ({error})") from None
+    return ModelFacts.from_hf_config(config, str(path))
+
+
+def _model_from_yaml(spec: Any, base: Path, where: str) -> ModelFacts | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or len(set(spec) & _MODEL_KEYS) != 1:
+        raise InputError(f"{where}: give exactly one of config (config.json), path (model dir) or hf_config")
+    _reject_unknown(spec, _MODEL_KEYS, where)
+    if "hf_config" in spec:
+        return ModelFacts.from_hf_config(spec["hf_config"], f"{where}.hf_config")
+    key = "config" if "config" in spec else "path"
+    value = spec[key]
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{where}.{key}: must be a path")
+    resolved = (base / value) if not os.path.isabs(value) else Path(value)
+    if key == "config":
+        return model_from_config_file(resolved)
+    return model_from_dir(resolved, f"{where}.path")
+
+
+def _parse_args(args: list[str], where: str):
+    try:
+        return parse_arguments(args)
+    except InputError as error:
+        raise InputError(f"{where}: {str(error).removeprefix('launch command: ')}") from None
+
+
+def _load_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise InputError(f"{path}: no such deployment file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed YAML"
+        raise InputError(f"{path}: invalid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read ({error})") from None
+
+
+def _env_mapping(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: must be a mapping of NAME: value")
+    env = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise InputError(f"{where}: variable names must be text, got {key!r}")
+        if isinstance(item, (dict, list)):
+            raise InputError(f"{where}.{key}: must be a single value")
+        env[key] = "" if item is None else (str(item).lower() if isinstance(item, bool) else str(item))
+    return env
+
+
+def _reject_unknown(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = [str(k) for k in data if k not in allowed]
+    if unknown:
+        raise InputError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(allowed))})"
+        )

@@ -1,0 +1,162 @@
+"""Read an sglang launch command line into ServerArgs field names.
+
+``npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...``
+describes a deployment the way it is really started. When sglang itself is importable
+its own argparse definitions are used; otherwise a built-in table of the flags the
+checks need (with the aliases sglang accepts), and every other ``--flag [value]`` is
+kept under its sglang field name, so nothing the user wrote is lost or rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from npudoctor.errors import InputError
+
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+# dest -> (type, aliases). Aliases as sglang's server_args.py spells them.
+_KNOWN_FLAGS: dict[str, tuple[Callable[[str], Any] | None, tuple[str, ...]]] = {
+    "model_path": (str, ("--model-path", "--model")),
+    "tp_size": (int, ("--tp-size", "--tensor-parallel-size", "--tp")),
+    "pp_size": (int, ("--pp-size", "--pipeline-parallel-size")),
+    "dp_size": (int, ("--dp-size", "--data-parallel-size")),
+    "attn_cp_size": (int, ("--attn-cp-size", "--attention-context-parallel-size")),
+    "page_size": (int, ("--page-size",)),
+    "disaggregation_mode": (str, ("--disaggregation-mode",)),
+    "disaggregation_transfer_backend": (str, ("--disaggregation-transfer-backend",)),
+    "kv_cache_dtype": (str, ("--kv-cache-dtype",)),
+    "attention_backend": (str, ("--attention-backend",)),
+    "prefill_attention_backend": (str, ("--prefill-attention-backend",)),
+    "decode_attention_backend": (str, ("--decode-attention-backend",)),
+    "speculative_algorithm": (str, ("--speculative-algorithm", "--speculative-algo")),
+    "speculative_num_steps": (int, ("--speculative-num-steps",)),
+    "speculative_num_draft_tokens": (int, ("--speculative-num-draft-tokens",)),
+    "device": (str, ("--device",)),
+    "enable_prefill_context_parallel": (None, ("--enable-prefill-context-parallel",)),
+    "enable_nsa_prefill_context_parallel": (None, ("--enable-nsa-prefill-context-parallel",)),
+    "enable_dp_attention": (None, ("--enable-dp-attention",)),
+}
+_ALIASES = {alias: dest for dest, (_, aliases) in _KNOWN_FLAGS.items() for alias in aliases}
+
+
+@dataclass
+class LaunchCommand:
+    """A parsed launch command: env assignments before it, server args, flags kept verbatim."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    server_args: dict[str, Any] = field(default_factory=dict)
+    unknown_args: list[str] = field(default_factory=list)
+
+
+def parse_command(argv: list[str], parser: argparse.ArgumentParser | None = None) -> LaunchCommand:
+    """Parse ``[env] [VAR=val ...] python -m sglang.launch_server ARGS`` (or ``sglang serve ARGS``).
+
+    A bare argument list (starting with ``--``) is accepted too. ``parser`` is sglang's
+    own ServerArgs parser when the caller could import it.
+    """
+    if not argv:
+        raise InputError("empty launch command after '--'")
+    command = LaunchCommand()
+    rest = _strip_env_prefix(list(argv), command.env)
+    args = _server_arguments(rest)
+    if parser is not None:
+        try:
+            namespace, unknown = parser.parse_known_args(args)
+        except (argparse.ArgumentError, SystemExit) as error:
+            raise InputError(f"launch command: {error}") from None
+        command.server_args = dict(vars(namespace))
+        command.unknown_args = list(unknown)
+    else:
+        command.server_args, command.unknown_args = parse_arguments(args)
+    return command
+
+
+def parse_arguments(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Server args from sglang CLI flags with the built-in table; other flags kept by field name."""
+    server_args: dict[str, Any] = {}
+    unknown: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--") or token == "--":
+            raise InputError(f"launch command: unexpected argument {token!r} (flags start with --)")
+        flag, has_inline, inline = token.partition("=")
+        values: list[str] = [inline] if has_inline else []
+        i += 1
+        if not has_inline:
+            while i < len(args) and not args[i].startswith("--"):
+                values.append(args[i])
+                i += 1
+        dest = _ALIASES.get(flag)
+        if dest is None:
+            unknown.append(token if has_inline or not values else " ".join([token, *values]))
+            dest = flag[2:].replace("-", "_")
+        kind = _KNOWN_FLAGS.get(dest, (str, ()))[0]
+        server_args[dest] = _convert(flag, values, kind)
+    return server_args, unknown
+
+
+def sglang_parser() -> argparse.ArgumentParser | None:
+    """sglang's own launch_server parser, with defaults suppressed, if sglang imports here."""
+    try:
+        from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
+
+        parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        ServerArgs.add_cli_args(parser)
+    except Exception:  # sglang absent or not importable on this host: use the built-in table
+        return None
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return parser
+
+
+def _convert(flag: str, values: list[str], kind: Callable[[str], Any] | None) -> Any:
+    if not values:
+        return True
+    if kind is None:  # a store_true flag given a value
+        raise InputError(f"launch command: {flag} takes no value, got {' '.join(values)!r}")
+    if len(values) > 1:
+        return list(values)
+    try:
+        return kind(values[0])
+    except ValueError:
+        raise InputError(f"launch command: {flag} expects {kind.__name__}, got {values[0]!r}") from None
+
+
+def _strip_env_prefix(argv: list[str], env: dict[str, str]) -> list[str]:
+    if argv and os.path.basename(argv[0]) == "env":
+        argv = argv[1:]
+    while argv and _ENV_ASSIGNMENT.match(argv[0]):
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
+    return argv
+
+
+def _server_arguments(argv: list[str]) -> list[str]:
+    """The flags after the launcher: ``python [opts] -m sglang.launch_server`` or ``sglang serve``."""
+    if not argv:
+        raise InputError("launch command: no program after the environment assignments")
+    if argv[0].startswith("--"):
+        return argv
+    program = os.path.basename(argv[0])
+    if _PYTHON.match(program):
+        if "-m" in argv:
+            index = argv.index("-m")
+            module = argv[index + 1] if index + 1 < len(argv) else ""
+            if module in ("sglang.launch_server", "sglang.srt.server"):
+                return argv[index + 2 :]
+            raise InputError(f"launch command: runs module {module!r}, not sglang.launch_server")
+        raise InputError("launch command: python without '-m sglang.launch_server'")
+    if program == "sglang" and len(argv) > 1 and argv[1] in ("serve", "launch_server"):
+        return argv[2:]
+    raise InputError(
+        f"launch command: cannot read {' '.join(argv[:3])!r}; expected "
+        "'python -m sglang.launch_server ...', 'sglang serve ...' or the bare --flags"
+    )

@@ -1,0 +1,458 @@
+"""Static analysis of an sglang source tree with ``ast``; sglang is never imported.
+
+The static depth of every check is built from a few questions this module answers
+for any release layout, because code moves between files across releases:
+
+* where is class ``X`` defined, and what are its bases (resolved through the defining
+  module's imports, then by name across the tree);
+* what is its MRO (C3 over the classes found in the tree) and which method does
+  ``X().m`` resolve to;
+* which ``self`` attributes does building an ``X`` assign (following ``__init__``,
+  ``super()`` chains and ``self.helper()`` calls the way Python would run them);
+* which ``self`` attributes does a method read (following its ``self``/``super()`` calls).
+
+Files are read once, and parsed only when a class in them is needed: a substring
+test on the raw bytes picks the few files worth parsing.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+# Bases that define no instance attributes a check could care about.
+_INERT_EXTERNAL_BASES = {"object", "ABC", "abc.ABC", "Generic", "Protocol", "enum.Enum", "Enum"}
+
+
+@dataclass(eq=False)
+class ClassInfo:
+    """One class definition found in the tree."""
+
+    name: str
+    module: str
+    path: Path
+    node: ast.ClassDef
+    tree: SourceTree = field(repr=False)
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+    @property
+    def relpath(self) -> str:
+        return self.tree.relpath(self.path)
+
+    @cached_property
+    def methods(self) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        for stmt in _flatten_conditional(self.node.body):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[stmt.name] = stmt
+        return found
+
+    @cached_property
+    def class_attributes(self) -> set[str]:
+        """Names bound in the class body: methods, properties, class variables."""
+        names = set(self.methods)
+        for stmt in _flatten_conditional(self.node.body):
+            if isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                names.add(stmt.target.id)
+        return names
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.relpath}:{self.line})"
+
+
+@dataclass(frozen=True)
+class MethodRef:
+    """A method as resolved on some class: the class that defines it and its node."""
+
+    owner: ClassInfo
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.owner.name}.{self.node.name}"
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+    @property
+    def relpath(self) -> str:
+        return self.owner.relpath
+
+    def where(self) -> str:
+        return f"{self.relpath}:{self.line}"
+
+
+@dataclass(frozen=True)
+class AttributeUse:
+    """A ``self.<name>`` read or assignment, with the method it appears in."""
+
+    name: str
+    method: MethodRef
+    line: int
+
+    def where(self) -> str:
+        return f"{self.method.relpath}:{self.line}"
+
+
+class SourceTree:
+    """The Python files of one sglang package directory, indexed lazily."""
+
+    def __init__(self, package_dir: Path):
+        self.package_dir = package_dir
+        self.root = package_dir.parent
+        self._bytes: dict[str, bytes] = {}
+        self._modules: dict[Path, ast.Module | None] = {}
+        self._classes_by_file: dict[Path, list[ClassInfo]] = {}
+
+    # ----- files -------------------------------------------------------------------
+    @cached_property
+    def files(self) -> list[str]:
+        """Paths (as strings, for speed) of every ``.py`` file below the package directory."""
+        found = []
+        for dirpath, dirnames, filenames in os.walk(self.package_dir):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))
+        return found
+
+    def read(self, path: Path | str) -> bytes:
+        key = str(path)
+        data = self._bytes.get(key)
+        if data is None:
+            with open(key, "rb") as handle:
+                data = self._bytes[key] = handle.read()
+        return data
+
+    def parse(self, path: Path) -> ast.Module | None:
+        if path not in self._modules:
+            try:
+                self._modules[path] = ast.parse(self.read(path), filename=str(path))
+            except (SyntaxError, ValueError):
+                self._modules[path] = None
+        return self._modules[path]
+
+    def files_containing(self, needle: str, under: str = "") -> Iterator[Path]:
+        """Files whose text contains ``needle``; a cheap filter before parsing."""
+        raw = needle.encode()
+        prefix = os.path.join(self.package_dir, under, "") if under else ""
+        for path in self.files:
+            if path.startswith(prefix) and raw in self.read(path):
+                yield Path(path)
+
+    def relpath(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def module_name(self, path: Path) -> str:
+        rel = path.relative_to(self.root).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        return ".".join(parts)
+
+    def module_path(self, module: str) -> Path | None:
+        base = self.root.joinpath(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    # ----- classes -----------------------------------------------------------------
+    def classes_in(self, path: Path) -> list[ClassInfo]:
+        if path not in self._classes_by_file:
+            module = self.parse(path)
+            found = []
+            if module is not None:
+                name = self.module_name(path)
+                for stmt in _flatten_conditional(module.body):
+                    if isinstance(stmt, ast.ClassDef):
+                        found.append(ClassInfo(stmt.name, name, path, stmt, self))
+            self._classes_by_file[path] = found
+        return self._classes_by_file[path]
+
+    def find_classes(self, name: str, under: str = "") -> list[ClassInfo]:
+        """Every top-level definition of class ``name`` in the tree (or below ``under``)."""
+        return [
+            cls
+            for path in self.files_containing(f"class {name}", under)
+            for cls in self.classes_in(path)
+            if cls.name == name
+        ]
+
+    def resolve_name(self, module_path: Path, name: str, _depth: int = 0) -> ClassInfo | None:
+        """The class that ``name`` (possibly dotted) denotes inside the module at ``module_path``."""
+        if _depth > 8:
+            return None
+        head, _, rest = name.partition(".")
+        for cls in self.classes_in(module_path):
+            if cls.name == name:
+                return cls
+        module = self.parse(module_path)
+        if module is None:
+            return None
+        for stmt in _flatten_conditional(module.body):
+            if isinstance(stmt, ast.ImportFrom) and stmt.module:
+                source = _absolute_module(self.module_name(module_path), stmt, module_path)
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) == head:
+                        if rest:  # from pkg import mod; mod.Class
+                            sub = self.module_path(f"{source}.{alias.name}")
+                            return self.resolve_name(sub, rest, _depth + 1) if sub else None
+                        target = self.module_path(source)
+                        if target is not None and target != module_path:
+                            found = self.resolve_name(target, alias.name, _depth + 1)
+                            if found is not None:
+                                return found
+            elif isinstance(stmt, ast.Import) and rest:  # import pkg.mod [as m]; m.Class
+                module_name, _, class_name = name.rpartition(".")
+                for alias in stmt.names:
+                    if alias.asname == head:
+                        real = alias.name + module_name[len(head) :]
+                    elif alias.asname is None and alias.name.split(".")[0] == head:
+                        real = module_name
+                    else:
+                        continue
+                    target = self.module_path(real)
+                    if target is not None:
+                        return self.resolve_name(target, class_name, _depth + 1)
+        return None
+
+    def bases(self, cls: ClassInfo) -> list[ClassInfo | str]:
+        """The bases of ``cls``: a ClassInfo where the tree defines it, else the base's source text."""
+        resolved: list[ClassInfo | str] = []
+        for base in cls.node.bases:
+            text = ast.unparse(base)
+            if isinstance(base, ast.Subscript):  # Generic[T]
+                text = ast.unparse(base.value)
+            found = self.resolve_name(cls.path, text)
+            if found is None and "." not in text:
+                candidates = [c for c in self.find_classes(text) if c is not cls]
+                found = candidates[0] if len(candidates) == 1 else None
+            resolved.append(found if found is not None else text)
+        return resolved
+
+    def mro(self, cls: ClassInfo) -> list[ClassInfo]:
+        """C3 linearisation over the classes defined in the tree."""
+        return [c for c in self._linearise(cls, frozenset()) if isinstance(c, ClassInfo)]
+
+    def external_bases(self, cls: ClassInfo) -> list[str]:
+        """Bases anywhere in the MRO that the tree does not define and that may carry state."""
+        found = []
+        for klass in self.mro(cls):
+            for base in self.bases(klass):
+                if isinstance(base, str) and base not in _INERT_EXTERNAL_BASES:
+                    found.append(base)
+        return found
+
+    def _linearise(self, cls: ClassInfo, seen: frozenset[int]) -> list[ClassInfo]:
+        if id(cls) in seen:  # a cycle can only come from a name resolved to the wrong class
+            return [cls]
+        seen = seen | {id(cls)}
+        parents = [b for b in self.bases(cls) if isinstance(b, ClassInfo)]
+        sequences = [self._linearise(p, seen) for p in parents] + [list(parents)]
+        result = [cls]
+        while any(sequences):
+            for seq in sequences:
+                if not seq:
+                    continue
+                head = seq[0]
+                if not any(head in s[1:] for s in sequences):
+                    break
+            else:  # inconsistent hierarchy: fall back to depth-first order
+                head = next(s[0] for s in sequences if s)
+            result.append(head)
+            sequences = [s[1:] if s and s[0] is head else [x for x in s if x is not head] for s in sequences]
+        return result
+
+    def is_subclass(self, cls: ClassInfo, base_name: str) -> bool:
+        return any(c.name == base_name for c in self.mro(cls))
+
+    def lookup(self, mro: list[ClassInfo], method: str, start: int = 0) -> MethodRef | None:
+        for klass in mro[start:]:
+            node = klass.methods.get(method)
+            if node is not None:
+                return MethodRef(klass, node)
+        return None
+
+    # ----- attribute flow ----------------------------------------------------------
+    def construction_assignments(self, cls: ClassInfo) -> dict[str, AttributeUse]:
+        """``self`` attributes assigned while ``cls(...)`` runs, following the calls it makes."""
+        mro = self.mro(cls)
+        start = self.lookup(mro, "__init__")
+        if start is None:
+            return {}
+        assigned: dict[str, AttributeUse] = {}
+        for ref in self._reachable_methods(mro, start):
+            for use in _self_assignments(ref):
+                assigned.setdefault(use.name, use)
+        return assigned
+
+    def reads(self, cls: ClassInfo, method: MethodRef) -> dict[str, AttributeUse]:
+        """``self`` attributes that calling ``method`` on a ``cls`` reads, following its calls."""
+        mro = self.mro(cls)
+        found: dict[str, AttributeUse] = {}
+        for ref in self._reachable_methods(mro, method):
+            for use in _self_reads(ref):
+                found.setdefault(use.name, use)
+        return found
+
+    def construction_helpers(self, cls: ClassInfo) -> set[str]:
+        """Names of methods that any ``__init__`` in the MRO calls (run or skipped by ``cls``)."""
+        mro = self.mro(cls)
+        helpers: set[str] = set()
+        for klass in mro:
+            init = klass.methods.get("__init__")
+            if init is None:
+                continue
+            for call in _calls(init):
+                if _is_self(call.func.value):
+                    helpers.add(call.func.attr)
+        return helpers
+
+    def assignments_anywhere(self, cls: ClassInfo) -> dict[str, AttributeUse]:
+        """``self`` attributes assigned by any method of any class in the MRO."""
+        found: dict[str, AttributeUse] = {}
+        for klass in self.mro(cls):
+            for node in klass.methods.values():
+                for use in _self_assignments(MethodRef(klass, node)):
+                    found.setdefault(use.name, use)
+        return found
+
+    def _reachable_methods(self, mro: list[ClassInfo], start: MethodRef) -> list[MethodRef]:
+        """``start`` and every method it transitively calls on ``self`` (incl. via ``super()``)."""
+        order: list[MethodRef] = []
+        seen: set[tuple[int, str]] = set()
+        stack = [start]
+        index = {id(c): i for i, c in enumerate(mro)}
+        while stack:
+            ref = stack.pop()
+            key = (id(ref.owner), ref.node.name)
+            if key in seen:
+                continue
+            seen.add(key)
+            order.append(ref)
+            for call in _calls(ref.node):
+                target = self._call_target(mro, index, ref, call)
+                if target is not None:
+                    stack.append(target)
+        return order
+
+    def _call_target(self, mro, index, caller: MethodRef, call: ast.Call) -> MethodRef | None:
+        func = call.func
+        receiver = func.value
+        if _is_self(receiver):
+            return self.lookup(mro, func.attr)
+        if (
+            isinstance(receiver, ast.Call)
+            and isinstance(receiver.func, ast.Name)
+            and receiver.func.id == "super"
+        ):
+            after = caller.owner
+            if receiver.args:  # super(Klass, self)
+                named = self.resolve_name(caller.owner.path, ast.unparse(receiver.args[0]))
+                after = named if named is not None else after
+            position = index.get(id(after))
+            if position is None:
+                position = next((i for i, c in enumerate(mro) if c.name == after.name), None)
+            return None if position is None else self.lookup(mro, func.attr, position + 1)
+        if call.args and _is_self(call.args[0]) and isinstance(receiver, (ast.Name, ast.Attribute)):
+            named = self.resolve_name(caller.owner.path, ast.unparse(receiver))  # Base.method(self, ...)
+            if named is not None:
+                position = index.get(id(named))
+                if position is None:
+                    position = next((i for i, c in enumerate(mro) if c.name == named.name), None)
+                if position is not None:
+                    return self.lookup(mro, func.attr, position)
+        return None
+
+
+def _flatten_conditional(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements of a module or class body, looking into ``if``/``try`` blocks."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            yield from _flatten_conditional(stmt.body)
+            yield from _flatten_conditional(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            for block in (stmt.body, stmt.orelse, stmt.finalbody, *(h.body for h in stmt.handlers)):
+                yield from _flatten_conditional(block)
+        else:
+            yield stmt
+
+
+def _absolute_module(current: str, stmt: ast.ImportFrom, path: Path) -> str:
+    if not stmt.level:
+        return stmt.module or ""
+    package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+    for _ in range(stmt.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{stmt.module}" if stmt.module else package
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _own_nodes(func: ast.AST) -> list[ast.AST]:
+    """The nodes of a function body in source order, not descending into nested scopes."""
+    found = []
+    stack = list(ast.iter_child_nodes(func))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    found.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+    return found
+
+
+def _calls(func: ast.AST) -> Iterator[ast.Call]:
+    for node in _own_nodes(func):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            yield node
+
+
+def _self_assignments(ref: MethodRef) -> Iterator[AttributeUse]:
+    for node in _own_nodes(ref.node):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+            yield AttributeUse(node.attr, ref, node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and _is_self(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            yield AttributeUse(node.args[1].value, ref, node.lineno)
+
+
+def _self_reads(ref: MethodRef) -> Iterator[AttributeUse]:
+    guarded = {
+        node.args[1].value
+        for node in _own_nodes(ref.node)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("hasattr", "getattr")
+        and len(node.args) >= 2
+        and _is_self(node.args[0])
+        and isinstance(node.args[1], ast.Constant)
+    }
+    for node in _own_nodes(ref.node):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Load)
+            and _is_self(node.value)
+            and node.attr not in guarded
+        ):
+            yield AttributeUse(node.attr, ref, node.lineno)
