@@ -1,0 +1,5 @@
+import sys
+
+from npudoctor.cli import main
+
+sys.exit(main())

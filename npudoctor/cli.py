@@ -1,0 +1,286 @@
+"""The ``npudoctor`` command line.
+
+Reports go to stdout (or ``--output``); logs, progress and error lines go to stderr,
+so ``npudoctor check --format json | jq`` always sees clean JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from npudoctor import __version__
+from npudoctor.errors import ExitCode, InputError, NpudoctorError
+
+EXIT_CODES_HELP = """
+Exit codes (stable, never renumbered):
+0 no finding at or above --fail-on;
+1 findings;
+2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
+3 internal error;
+4 nothing to check (no sglang found).
+"""
+
+app = typer.Typer(
+    name="npudoctor",
+    help=(
+        "Pre-flight doctor and hot-fix kit for sglang deployments on Ascend NPUs: tells which "
+        "known defects the installed sglang has for your deployment, before launch and in CI.\n\n"
+        + EXIT_CODES_HELP
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+err = Console(stderr=True, highlight=False)
+
+
+class Depth(str, Enum):
+    static = "static"
+    live = "live"
+    auto = "auto"
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    junit = "junit"
+    sarif = "sarif"
+    github = "github"
+    markdown = "markdown"
+
+
+class FailOn(str, Enum):
+    fail = "fail"
+    warn = "warn"
+
+
+class Role(str, Enum):
+    null = "null"
+    prefill = "prefill"
+    decode = "decode"
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+    epilog=(
+        "Deployment: --config deploy.yaml, or a launch command after '--' "
+        "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...), "
+        "or --model-path with the flags below. With none, every check assumes the conditions "
+        "under which its defect bites and says so.\n\n" + EXIT_CODES_HELP
+    ),
+)
+def check(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Deployment YAML (model, env, roles, ignore).")
+    ] = None,
+    model_path: Annotated[
+        Path | None, typer.Option("--model-path", help="Local model directory (its config.json is read).")
+    ] = None,
+    role: Annotated[
+        Role | None, typer.Option("--disaggregation-mode", help="With --model-path: the server's PD role.")
+    ] = None,
+    pp_size: Annotated[int | None, typer.Option("--pp-size", min=1, help="With --model-path.")] = None,
+    tp_size: Annotated[int | None, typer.Option("--tp-size", min=1, help="With --model-path.")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size", min=1, help="With --model-path.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="With --model-path: NAME=VALUE, repeatable.")
+    ] = None,
+    sglang_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--sglang-path", help="Check this unpacked wheel or source tree instead of the installed sglang."
+        ),
+    ] = None,
+    depth: Annotated[
+        Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
+    ] = (Depth.auto),
+    select: Annotated[
+        list[str] | None, typer.Option("--select", "-s", help="Run only these check ids (repeatable).")
+    ] = None,
+    output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the report here, not stdout.")
+    ] = None,
+    fail_on: Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")] = FailOn.fail,
+    ignore: Annotated[
+        list[str] | None,
+        typer.Option("--ignore", help="ID or ID:YYYY-MM-DD: accept this check's finding (until the date)."),
+    ] = None,
+) -> None:
+    """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.runner import CheckRequest, run
+
+    if ctx.args and ctx.args[0].startswith("-"):
+        raise InputError(f"unknown option {ctx.args[0]!r} (a launch command goes after '--')")
+    flags = {
+        key: value
+        for key, value in (
+            ("disaggregation_mode", role.value if role else None),
+            ("pp_size", pp_size),
+            ("tp_size", tp_size),
+            ("page_size", page_size),
+        )
+        if value is not None
+    }
+    request = CheckRequest(
+        config=config,
+        launch_command=list(ctx.args),
+        model_path=model_path,
+        server_flags=flags,
+        env_flags=list(env or []),
+        sglang_path=sglang_path,
+        depth=depth.value,
+        select=[s for item in (select or []) for s in item.split(",") if s],
+        fail_on=fail_on.value,
+        ignore=list(ignore or []),
+        today=dt.date.today(),
+    )
+    report = run(request, progress=err if err.is_terminal else None)
+    _emit(report, output_format.value if output_format else "text", output)
+    raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
+
+
+def _emit(report, format_name: str, output: Path | None) -> None:
+    from npudoctor.formatters import renderer
+
+    if format_name == "text" and output is None:
+        from npudoctor.formatters.text import renderable
+
+        Console(highlight=False).print(renderable(report))
+    else:
+        text = renderer(format_name)(report)
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            try:
+                output.write_text(text, encoding="utf-8")
+            except OSError as error:
+                raise InputError(f"--output {output}: cannot write ({error.strerror})") from None
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if format_name == "github" and summary_path:
+        from npudoctor.formatters.github import write_step_summary
+
+        write_step_summary(report, summary_path)
+
+
+@app.command("list")
+def list_checks() -> None:
+    """List every check: id, title, upstream references."""
+    from npudoctor.check import all_checks
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("ID", no_wrap=True)
+    table.add_column("Title")
+    table.add_column("Upstream")
+    table.add_column("Fixed in", no_wrap=True)
+    for item in all_checks():
+        table.add_row(item.id, item.title, "\n".join(item.upstream), item.fixed_in or "-")
+    Console(highlight=False).print(table)
+
+
+@app.command()
+def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")]) -> None:
+    """Why a check matters, when its defect bites, and how to fix it."""
+    from npudoctor.check import all_checks
+
+    checks = {c.id: c for c in all_checks()}
+    item = checks.get(check_id.strip().upper())
+    if item is None:
+        raise InputError(f"unknown check id {check_id!r} (known: {', '.join(checks)})")
+    console = Console(highlight=False)
+    console.print(f"[bold]{item.id}[/]  {escape(item.title)}\n")
+    console.print(f"[bold]Why it matters[/]\n{escape(item.why)}\n")
+    console.print(f"[bold]When it bites[/]\n{escape(item.bites_when)}\n")
+    console.print(f"[bold]How to fix[/]\n{escape(item.how_to_fix)}")
+    if item.fixed_in:
+        console.print(f"Fixed upstream in sglang {escape(item.fixed_in)}.")
+    for url in item.upstream:
+        console.print(f"Upstream: {url}")
+    doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
+    if doc:
+        console.print(f"\n[bold]What the check tests[/]\n{escape(doc)}")
+
+
+@app.command("env")
+def env_command(
+    output_format: Annotated[
+        Format | None, typer.Option("--format", "-f", help="text (default) or json.")
+    ] = None,
+) -> None:
+    """Inventory of this host: Python, torch, torch_npu, CANN, npu-smi, sglang, relevant env vars (secrets redacted)."""
+    import json
+
+    from npudoctor.envinfo import inventory
+
+    data = inventory()
+    if output_format in (None, Format.text):
+        table = Table(show_header=False, box=None)
+        for key, value in data.items():
+            if key != "environment":
+                table.add_row(f"[bold]{key}[/]", escape(str(value)))
+        console = Console(highlight=False)
+        console.print(table)
+        if data["environment"]:
+            console.print("[bold]environment[/]")
+            for key, value in data["environment"].items():
+                console.print(f"  {key}={escape(value)}")
+    elif output_format == Format.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        raise InputError("env: --format must be text or json")
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(f"npudoctor {__version__}")
+        raise typer.Exit(ExitCode.OK)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: map errors to the documented exit codes, one line each, never a traceback."""
+    try:
+        code = app(args=argv, prog_name="npudoctor", standalone_mode=False)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except NpudoctorError as error:
+        err.print(f"npudoctor: error: {escape(str(error))}")
+        return int(error.exit_code)
+    except _click_usage_errors() as error:
+        err.print(f"npudoctor: error: {escape(error.format_message())}")
+        return int(ExitCode.USAGE)
+    except KeyboardInterrupt:
+        err.print("npudoctor: interrupted")
+        return 130
+    except Exception as error:  # anything else is our bug: say so, with a way to see it
+        err.print(f"npudoctor: internal error: {type(error).__name__}: {escape(str(error))}")
+        if os.environ.get("NPUDOCTOR_DEBUG"):
+            err.print_exception()
+        else:
+            err.print("set NPUDOCTOR_DEBUG=1 for the traceback")
+        return int(ExitCode.INTERNAL)
+    return int(code) if isinstance(code, int) else int(ExitCode.OK)
+
+
+def _click_usage_errors():
+    import click
+
+    return (click.UsageError, click.BadParameter, click.FileError)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""One ``npudoctor check`` run: target + deployment + selected checks -> ``Report``.
+
+The CLI only gathers options into a ``CheckRequest``; everything that decides a
+verdict or an exit code lives here, so tests and embedders get the same behaviour.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+
+from npudoctor import __version__, deployment, ignores
+from npudoctor.check import Check, all_checks, run_checks
+from npudoctor.errors import InputError
+from npudoctor.launch import sglang_parser
+from npudoctor.results import Report, Status
+from npudoctor.target import discover
+
+
+@dataclass
+class CheckRequest:
+    config: Path | None = None
+    launch_command: list[str] = field(default_factory=list)
+    model_path: Path | None = None
+    server_flags: dict = field(default_factory=dict)
+    env_flags: list[str] = field(default_factory=list)
+    sglang_path: Path | None = None
+    depth: str = "auto"
+    select: list[str] = field(default_factory=list)
+    fail_on: str = "fail"
+    ignore: list[str] = field(default_factory=list)
+    today: dt.date = field(default_factory=dt.date.today)
+
+
+def run(request: CheckRequest, progress: Console | None = None) -> Report:
+    """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map."""
+    checks = select_checks(request.select)
+    deploy = load_deployment(request)
+    entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
+    ignores.validate(entries, {c.id for c in all_checks()})
+    target = discover(request.sglang_path)
+
+    if progress is not None:
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True
+        ) as bar:
+            task = bar.add_task("checking", total=len(checks))
+
+            def advance(check: Check, _result) -> None:
+                bar.update(task, advance=1, description=f"{check.id} done")
+
+            results = run_checks(checks, target, deploy.facts, request.depth, advance)
+    else:
+        results = run_checks(checks, target, deploy.facts, request.depth)
+
+    results = ignores.apply(results, entries, request.today)
+    return Report(
+        target=target.info(),
+        deployment=deploy.facts.to_dict(),
+        results=tuple(results),
+        fail_on=Status(request.fail_on),
+        tool_version=__version__,
+    )
+
+
+def select_checks(ids: list[str]) -> list[Check]:
+    checks = all_checks()
+    if not ids:
+        return checks
+    known = {c.id: c for c in checks}
+    wanted = [i.strip().upper() for i in ids]
+    unknown = [i for i in wanted if i not in known]
+    if unknown:
+        raise InputError(f"--select: unknown check id(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    return [known[i] for i in dict.fromkeys(wanted)]
+
+
+def load_deployment(request: CheckRequest) -> deployment.Deployment:
+    given = [
+        name
+        for name, present in (
+            ("--config", request.config is not None),
+            ("a launch command", bool(request.launch_command)),
+            ("--model-path", request.model_path is not None),
+        )
+        if present
+    ]
+    if len(given) > 1:
+        raise InputError(f"give one deployment description, not {' and '.join(given)}")
+    if (request.server_flags or request.env_flags) and request.model_path is None:
+        raise InputError("--disaggregation-mode/--pp-size/--tp-size/--page-size/--env go with --model-path")
+    if request.config is not None:
+        return deployment.from_yaml(request.config)
+    if request.launch_command:
+        # sglang's own parser knows every flag of the installed release; it needs an import,
+        # so only when the run may import sglang at all and the target is the installed one.
+        may_import = request.depth != "static" and request.sglang_path is None
+        return deployment.from_command(request.launch_command, sglang_parser() if may_import else None)
+    if request.model_path is not None:
+        return deployment.from_flags(request.model_path, request.server_flags, _env_pairs(request.env_flags))
+    return deployment.no_deployment()
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InputError(f"--env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return env
