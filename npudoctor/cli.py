@@ -258,28 +258,34 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as done:
         return int(done.exit_code)
     except NpudoctorError as error:
-        err.print(f"npudoctor: error: {escape(str(error))}")
+        _say(f"error: {error}")
         return int(error.exit_code)
-    except _click_usage_errors() as error:
-        err.print(f"npudoctor: error: {escape(error.format_message())}")
-        return int(ExitCode.USAGE)
     except KeyboardInterrupt:
-        err.print("npudoctor: interrupted")
+        _say("interrupted")
         return 130
-    except Exception as error:  # anything else is our bug: say so, with a way to see it
-        err.print(f"npudoctor: internal error: {type(error).__name__}: {escape(str(error))}")
+    except Exception as error:
+        if _is_usage_error(error):
+            _say(f"error: {error.format_message()}")
+            return int(ExitCode.USAGE)
+        # anything else is our bug: say so, with a way to see it
         if os.environ.get("NPUDOCTOR_DEBUG"):
             err.print_exception()
-        else:
-            err.print("set NPUDOCTOR_DEBUG=1 for the traceback")
+        _say(f"internal error: {type(error).__name__}: {error} (NPUDOCTOR_DEBUG=1 shows the traceback)")
         return int(ExitCode.INTERNAL)
     return int(code) if isinstance(code, int) else int(ExitCode.OK)
 
 
-def _click_usage_errors():
-    import click
+def _say(message: str) -> None:
+    """One unwrapped line on stderr: what a CI log or a grep needs."""
+    sys.stderr.write(f"npudoctor: {' '.join(message.split())}\n")
 
-    return (click.UsageError, click.BadParameter, click.FileError)
+
+def _is_usage_error(error: Exception) -> bool:
+    """click's UsageError family (bad flag, bad value), whether typer uses click or its vendored copy."""
+    return (
+        callable(getattr(error, "format_message", None))
+        and getattr(error, "exit_code", None) == ExitCode.USAGE
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

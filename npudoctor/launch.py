@@ -95,11 +95,13 @@ def parse_arguments(args: list[str]) -> tuple[dict[str, Any], list[str]]:
                 values.append(args[i])
                 i += 1
         dest = _ALIASES.get(flag)
-        if dest is None:
+        if dest is None:  # kept under its sglang field name; a bare flag is a switch
             unknown.append(token if has_inline or not values else " ".join([token, *values]))
-            dest = flag[2:].replace("-", "_")
-        kind = _KNOWN_FLAGS.get(dest, (str, ()))[0]
-        server_args[dest] = _convert(flag, values, kind)
+            server_args[flag[2:].replace("-", "_")] = (
+                (values if len(values) > 1 else values[0]) if values else True
+            )
+        else:
+            server_args[dest] = _convert(flag, values, _KNOWN_FLAGS[dest][0])
     return server_args, unknown
 
 
@@ -118,12 +120,12 @@ def sglang_parser() -> argparse.ArgumentParser | None:
 
 
 def _convert(flag: str, values: list[str], kind: Callable[[str], Any] | None) -> Any:
-    if not values:
+    if kind is None:  # a store_true switch
+        if values:
+            raise InputError(f"launch command: {flag} takes no value, got {' '.join(values)!r}")
         return True
-    if kind is None:  # a store_true flag given a value
-        raise InputError(f"launch command: {flag} takes no value, got {' '.join(values)!r}")
-    if len(values) > 1:
-        return list(values)
+    if len(values) != 1:
+        raise InputError(f"launch command: {flag} expects one value, got {len(values)}")
     try:
         return kind(values[0])
     except ValueError:

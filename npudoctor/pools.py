@@ -27,7 +27,7 @@ def npu_pool_classes(tree: SourceTree, family: str) -> list[ClassInfo]:
         rel = tree.relpath(path).lower()
         npu_file = "npu" in rel or "ascend" in rel
         for cls in tree.classes_in(path):
-            if (npu_file or cls.name.startswith(("NPU", "Ascend"))) and cls.name != base:
-                if tree.is_subclass(cls, base):
-                    found.append(cls)
+            is_npu = npu_file or cls.name.startswith(("NPU", "Ascend"))
+            if is_npu and cls.name != base and tree.is_subclass(cls, base):
+                found.append(cls)
     return found

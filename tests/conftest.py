@@ -1,0 +1,97 @@
+"""Shared fixtures: real sglang releases from PyPI, the team's known truths, the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npudoctor.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+SHARED = Path(os.environ.get("NPUDOCTOR_SHARED") or REPO.parent / "shared")
+
+_spec = importlib.util.spec_from_file_location("fetch_sglang", REPO / "scripts" / "fetch_sglang.py")
+fetch_sglang = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fetch_sglang)
+
+
+def load_truth() -> dict:
+    path = SHARED / "truth" / "known.yaml"
+    if not path.is_file():
+        pytest.fail(f"known truths not found at {path} (set NPUDOCTOR_SHARED to the shared/ directory)")
+    return yaml.safe_load(path.read_text())
+
+
+TRUTH = load_truth()
+RELEASES = sorted(TRUTH["releases"], key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def truth_verdict(version: str, check_id: str) -> str:
+    return TRUTH["releases"][version][check_id]["verdict"]
+
+
+def truth_locations(version: str, check_id: str) -> list[str]:
+    """``path:line`` references in a truth's evidence; a bare ``:N`` refers to the file before it."""
+    text = TRUTH["releases"][version][check_id].get("evidence", "")
+    found, current = [], None
+    for path, line in re.findall(r"([\w/]+\.py)?:(\d+)", text):
+        current = path or current
+        if current:
+            found.append(f"{current}:{line}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def release():
+    """``release("0.5.12")`` -> directory holding that release's ``sglang/`` (fetched once, cached)."""
+    return fetch_sglang.fetch
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    """A cheap copy of a release tree (hard links) whose files a test may replace."""
+
+    def make(tree: Path) -> Path:
+        copy = tmp_path / "tree"
+        shutil.copytree(tree / "sglang", copy / "sglang", copy_function=os.link)
+        return copy
+
+    return make
+
+
+def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:
+    """Rewrite one file of an overlay without touching the hard-linked original."""
+    text = path.read_text()
+    assert text.count(old) >= count, f"{old!r} not in {path}"
+    path.unlink()
+    path.write_text(text.replace(old, new, count))
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``npudoctor`` in-process; returns (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def json_report(cli, *args: str) -> dict:
+    code, out, err = cli("check", "--format", "json", *args)
+    assert code in (0, 1), f"exit {code}: {err}"
+    return json.loads(out)
+
+
+def result_of(report: dict, check_id: str) -> dict:
+    return next(r for r in report["results"] if r["id"] == check_id)
