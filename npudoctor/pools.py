@@ -26,6 +26,8 @@ def npu_pool_classes(tree: SourceTree, family: str) -> list[ClassInfo]:
     for path in tree.files_containing(base, under="srt"):
         rel = tree.relpath(path).lower()
         npu_file = "npu" in rel or "ascend" in rel
+        if not npu_file and not any(marker in tree.read(path) for marker in (b"class NPU", b"class Ascend")):
+            continue  # parse only files that can hold an NPU class
         for cls in tree.classes_in(path):
             is_npu = npu_file or cls.name.startswith(("NPU", "Ascend"))
             if is_npu and cls.name != base and tree.is_subclass(cls, base):

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's second command: install npudoctor[test] into .venv and run the whole test suite
+# against real sglang releases (fetched from PyPI into .cache/sglang on first use).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo/scripts/bootstrap.sh"
+cd "$repo"
+status=0
+python -m pytest -q "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$status"
