@@ -206,3 +206,39 @@ def test_console_script_is_installed():
     )
     assert done.returncode == 0 and done.stdout.startswith("npudoctor ")
     assert (REPO / "checks").is_dir()
+
+
+def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    import xmlschema
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    base = ("check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--format")
+    outputs = {}
+    for name in ("text", "json", "junit", "sarif", "github", "markdown"):
+        code, out, _ = cli(*base, name, "--output", tmp_path / f"report.{name}")
+        assert code == 1 and out == ""
+        outputs[name] = (tmp_path / f"report.{name}").read_text()
+
+    xmlschema.XMLSchema(str(REPO / "tests/data/junit-10.xsd")).validate(outputs["junit"])
+    case = next(
+        c
+        for c in ET.fromstring(outputs["junit"]).iter("testcase")
+        if c.get("classname") == "npudoctor.NPD001"
+    )
+    assert case.find("failure") is not None and "memory_pool.py:1832" in case.find("failure").text
+
+    sarif = json.loads(outputs["sarif"])
+    [finding] = sarif["runs"][0]["results"]
+    assert finding["ruleId"] == "NPD001" and finding["level"] == "error"
+    region = finding["locations"][0]["physicalLocation"]
+    assert region["artifactLocation"]["uri"] == "sglang/srt/mem_cache/memory_pool.py"
+    assert region["region"]["startLine"] == 1832
+
+    assert "::error file=sglang/srt/mem_cache/memory_pool.py,line=1832," in outputs["github"]
+    assert "| **NPD001**" in summary.read_text() and "FAIL" in summary.read_text()
+    assert "| FAIL |" in outputs["markdown"]
+    assert "memory_pool.py:1832" in outputs["text"]
+    assert json.loads(outputs["json"])["results"][0]["status"] == "fail"

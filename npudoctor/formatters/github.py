@@ -1,0 +1,83 @@
+"""GitHub Actions workflow commands, so a ``npudoctor check --format github`` step
+annotates the run (and, with a location, the file and line) without any extra action.
+
+One ``::error``/``::warning`` line per fail/error/warn result (``::notice`` instead when
+an ignore entry covers it; pass and skip get no line), then one plain summary line. Values are escaped as the Actions
+runner expects (``%``, CR, LF in the message; additionally ``:`` and ``,`` in
+properties): an unescaped newline would end the command early and let check text
+inject workflow commands of its own. ``write_step_summary`` appends the Markdown table
+to ``$GITHUB_STEP_SUMMARY`` for the job summary page.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from npudoctor.formatters import markdown
+from npudoctor.results import Report, Result, Status
+
+_COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
+# Controls other than CR/LF (which are escaped) only garble the log; they are dropped.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def escape_data(value: object) -> str:
+    return _CONTROL.sub("", str(value)).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(value: object) -> str:
+    return escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+def render(report: Report) -> str:
+    lines = [_annotation(r) for r in report.results if r.status in _COMMAND]
+    lines.append(_summary(report))
+    return "\n".join(lines) + "\n"
+
+
+def _annotation(result: Result) -> str:
+    command = "notice" if result.ignored is not None else _COMMAND[result.status]
+    properties = []
+    first = result.evidence[0].location if result.evidence else None
+    if first is not None:
+        properties.append(f"file={escape_property(first.path)}")
+        if first.line >= 1:
+            properties.append(f"line={first.line}")
+    properties.append(f"title={escape_property(f'{result.id} {result.title}')}")
+    return f"::{command} {','.join(properties)}::{escape_data(_message(result))}"
+
+
+def _message(result: Result) -> str:
+    lines = []
+    if result.ignored is not None:
+        lines.append(f"ignored ({result.status.value}): {result.ignored}")
+    lines.append(result.summary)
+    if result.error:
+        lines.append(f"error: {result.error}")
+    for evidence in result.evidence:
+        where = f" at {evidence.location}" if evidence.location else ""
+        lines.append(f"expected: {evidence.expected}; observed: {evidence.observed}{where}")
+    fix = result.remediation
+    if fix is not None and fix.fix_id:
+        lines.append(f"fix: npudoctor fix --select {fix.fix_id}")
+    return "\n".join(lines)
+
+
+def _summary(report: Report) -> str:
+    counts = report.counts()
+    version = " ".join(str(report.target.version or "unknown").split())
+    parts = ", ".join(f"{s.value}: {counts[s.value]}" for s in Status)
+    ignored = sum(1 for r in report.results if r.ignored is not None)
+    return (
+        f"npudoctor: sglang {version}: {parts}; ignored: {ignored}; "
+        f"{counts['findings']} finding(s) at or above '{report.fail_on.value}'"
+    )
+
+
+def write_step_summary(report: Report, path: str | os.PathLike[str]) -> None:
+    """Append ``markdown.table(report)`` to ``path`` (the CLI passes ``$GITHUB_STEP_SUMMARY``)."""
+    with open(path, "a", encoding="utf-8") as handle:
+        if handle.tell() > 0:
+            handle.write("\n")
+        handle.write(markdown.table(report))

@@ -1,0 +1,110 @@
+"""JUnit XML report, so CI systems that only understand test results (Jenkins, GitLab,
+Azure Pipelines, most "test report" widgets) can show each check as a test case.
+
+The output validates against the Jenkins xunit-plugin ``junit-10.xsd`` (the most
+widely accepted JUnit dialect): ``fail`` becomes ``<failure>``, ``error`` becomes
+``<error>``, ``skip`` and ignored results become ``<skipped>``, and ``warn`` passes with
+its evidence in ``<system-out>`` (a warning must not turn the build red by itself).
+Characters XML 1.0 cannot carry (most C0 controls) are stripped, since no escape
+exists for them and a single one would make the whole file unparsable.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from npudoctor.results import Report, Result, Status
+
+# Everything outside the XML 1.0 ``Char`` production.
+_ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _clean(text: object) -> str:
+    return _ILLEGAL_XML.sub("", str(text))
+
+
+def render(report: Report) -> str:
+    results = report.results
+    failures = sum(1 for r in results if r.ignored is None and r.status is Status.FAIL)
+    errors = sum(1 for r in results if r.ignored is None and r.status is Status.ERROR)
+    skipped = sum(1 for r in results if r.ignored is not None or r.status is Status.SKIP)
+
+    root = ET.Element(
+        "testsuites",
+        {"name": "npudoctor", "tests": str(len(results)), "failures": str(failures), "errors": str(errors)},
+    )
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        {
+            "name": "npudoctor",
+            "tests": str(len(results)),
+            "failures": str(failures),
+            "errors": str(errors),
+            "skipped": str(skipped),
+        },
+    )
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("npudoctor.version", report.tool_version),
+        ("sglang.version", report.target.version or "unknown"),
+        ("sglang.path", report.target.path),
+        ("sglang.source", report.target.source),
+        ("fail_on", report.fail_on.value),
+    ):
+        ET.SubElement(properties, "property", {"name": name, "value": _clean(value)})
+
+    for result in results:
+        _testcase(suite, result)
+
+    ET.indent(root)
+    body = ET.tostring(root, encoding="unicode")
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
+
+
+def _testcase(suite: ET.Element, result: Result) -> None:
+    case = ET.SubElement(
+        suite,
+        "testcase",
+        {"classname": _clean(f"npudoctor.{result.id}"), "name": _clean(f"{result.id} {result.title}")},
+    )
+    details = _clean(_details(result))
+    if result.ignored is not None:
+        child = ET.SubElement(case, "skipped", {"message": _clean(f"ignored: {result.ignored}")})
+        child.text = details
+    elif result.status is Status.FAIL:
+        child = ET.SubElement(case, "failure", {"message": _clean(result.summary), "type": "fail"})
+        child.text = details
+    elif result.status is Status.ERROR:
+        message = result.error or result.summary
+        child = ET.SubElement(case, "error", {"message": _clean(message), "type": "error"})
+        child.text = details
+    elif result.status is Status.SKIP:
+        ET.SubElement(case, "skipped", {"message": _clean(result.summary)})
+    else:  # warn passes, pass passes; the evidence goes to system-out
+        out = ET.SubElement(case, "system-out")
+        out.text = details
+
+
+def _details(result: Result) -> str:
+    lines = [f"{result.status.value.upper()}: {result.summary}"]
+    if result.ignored is not None:
+        lines.append(f"ignored: {result.ignored}")
+    if result.error:
+        lines.append(f"error: {result.error}")
+    for assumption in result.assumptions:
+        lines.append(f"assumed: {assumption}")
+    for evidence in result.evidence:
+        lines.append(f"- at {evidence.location}" if evidence.location else "-")
+        lines.append(f"  expected: {evidence.expected}")
+        lines.append(f"  observed: {evidence.observed}")
+    fix = result.remediation
+    if fix is not None:
+        if fix.fix_id:
+            lines.append(f"fix: npudoctor fix --select {fix.fix_id}")
+        if fix.fixed_in:
+            lines.append(f"fixed upstream in sglang {fix.fixed_in}")
+        if fix.advice:
+            lines.append(fix.advice)
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Markdown report, for pasting into issues and pull requests and for the GitHub Actions
+job summary (``table`` is what the github formatter appends to ``$GITHUB_STEP_SUMMARY``).
+
+Check text comes from sglang source and deployment files, so it is escaped before it
+lands in Markdown: ``|`` and line breaks would otherwise split table cells and rows,
+and ``<``/``&`` would otherwise be read as HTML by GitHub's renderer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from npudoctor.results import Report, Result, Status
+
+# C0/C1 controls other than tab and newlines carry nothing in Markdown and confuse renderers.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def render(report: Report) -> str:
+    parts = [_heading(report), "", _summary_line(report), "", *_table_lines(report)]
+    details = [r for r in report.results if r.status is not Status.PASS or r.ignored is not None]
+    if details:
+        parts += ["", "### Details"]
+        for result in details:
+            parts += ["", *_details(result)]
+    return "\n".join(parts) + "\n"
+
+
+def table(report: Report) -> str:
+    """The heading and the ``| Check | Status | Summary |`` table, without details."""
+    return "\n".join([_heading(report), "", *_table_lines(report)]) + "\n"
+
+
+def _heading(report: Report) -> str:
+    version = report.target.version or "unknown version"
+    return f"## npudoctor: sglang {_text(version)} at {_code(report.target.path)}"
+
+
+def _summary_line(report: Report) -> str:
+    counts = report.counts()
+    parts = [f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]] or ["no checks run"]
+    ignored = sum(1 for r in report.results if r.ignored is not None)
+    line = f"**{', '.join(parts)}**"
+    if ignored:
+        line += f" ({ignored} ignored)"
+    findings = counts["findings"]
+    fail_on = f"`{report.fail_on.value}`"
+    if findings:
+        return f"{line} - {findings} finding(s) at or above {fail_on}"
+    return f"{line} - no findings at or above {fail_on}"
+
+
+def _table_lines(report: Report) -> list[str]:
+    lines = ["| Check | Status | Summary |", "| --- | --- | --- |"]
+    for result in report.results:
+        check = f"**{cell(result.id)}** {cell(result.title)}"
+        lines.append(f"| {check} | {_status(result)} | {cell(result.summary)} |")
+    return lines
+
+
+def _status(result: Result) -> str:
+    label = result.status.value.upper()
+    return f"{label} (ignored)" if result.ignored is not None else label
+
+
+def _text(value: object) -> str:
+    """Inline text: controls dropped, HTML-significant characters as entities."""
+    text = _CONTROL.sub("", str(value))
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def cell(value: object) -> str:
+    """Text safe inside one table cell: ``|`` escaped, line breaks as ``<br>``."""
+    text = _text(value).replace("|", "\\|")
+    return "<br>".join(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+
+
+def _inline(value: object) -> str:
+    """Text safe on one list-item line (same escaping as a table cell)."""
+    return cell(value)
+
+
+def _code(value: object) -> str:
+    """A code span holding ``value`` verbatim (fence longer than any backtick run inside)."""
+    text = " ".join(_CONTROL.sub("", str(value)).splitlines())
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _details(result: Result) -> list[str]:
+    lines = [f"#### {_text(result.id)} {_text(result.title)}: {_status(result)}", "", _inline(result.summary)]
+    bullets: list[str] = []
+    if result.ignored is not None:
+        bullets.append(f"- ignored: {_inline(result.ignored)}")
+    if result.error:
+        bullets.append(f"- error: {_inline(result.error)}")
+    for assumption in result.assumptions:
+        bullets.append(f"- assumed: {_inline(assumption)}")
+    for evidence in result.evidence:
+        where = evidence.location
+        if where is not None:
+            symbol = f" ({_text(where.symbol)})" if where.symbol else ""
+            bullets.append(f"- {_code(f'{where.path}:{where.line}')}{symbol}")
+        else:
+            bullets.append("- evidence")
+        bullets.append(f"  - expected: {_inline(evidence.expected)}")
+        bullets.append(f"  - observed: {_inline(evidence.observed)}")
+    fix = result.remediation
+    if fix is not None and (fix.fix_id or fix.fixed_in or fix.advice):
+        remedy = []
+        if fix.fix_id:
+            remedy.append(f"fix {_code(fix.fix_id)}: run {_code(f'npudoctor fix --select {fix.fix_id}')}")
+        if fix.fixed_in:
+            remedy.append(f"fixed upstream in sglang {_text(fix.fixed_in)}")
+        if fix.advice:
+            remedy.append(_inline(fix.advice))
+        bullets.append("- **Remediation:** " + "; ".join(remedy))
+    if bullets:
+        lines += ["", *bullets]
+    return lines

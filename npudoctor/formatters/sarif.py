@@ -1,0 +1,91 @@
+"""SARIF 2.1.0 report, the format GitHub code scanning and most static-analysis
+dashboards ingest, so npudoctor findings show up next to the sglang source lines.
+
+One run; one rule per check id (the id is the stable ``ruleId``); one SARIF result per
+``fail``/``warn``/``error`` result. Evidence locations are relative to the directory
+holding ``sglang/``, which the run declares as the ``SGLANG_ROOT`` base URI. Results an
+ignore entry covers stay in the log with an external suppression, so viewers can show
+them as dismissed instead of losing them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from npudoctor.results import Report, Result, Status
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+INFORMATION_URI = "https://github.com/sgl-project/sglang"
+BASE_ID = "SGLANG_ROOT"
+
+_LEVEL = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
+
+
+def render(report: Report) -> str:
+    rule_index: dict[str, int] = {}
+    rules: list[dict[str, Any]] = []
+    for result in report.results:
+        if result.id not in rule_index:
+            rule_index[result.id] = len(rules)
+            rules.append({"id": result.id, "shortDescription": {"text": result.title}})
+
+    sarif_results = [
+        _result(result, rule_index[result.id]) for result in report.results if result.status in _LEVEL
+    ]
+
+    driver: dict[str, Any] = {"name": "npudoctor"}
+    if report.tool_version:
+        driver["version"] = report.tool_version
+    driver.update(informationUri=INFORMATION_URI, rules=rules)
+    run: dict[str, Any] = {
+        "tool": {"driver": driver},
+        "originalUriBaseIds": {BASE_ID: {"uri": _root_uri(report.target.path)}},
+        "results": sarif_results,
+        "properties": {
+            "sglangVersion": report.target.version,
+            "sglangPath": report.target.path,
+            "failOn": report.fail_on.value,
+        },
+    }
+    log = {"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}
+    return json.dumps(log, indent=2) + "\n"
+
+
+def _root_uri(package_dir: str) -> str:
+    """``file://`` URI of the directory holding ``sglang/``, with the trailing slash SARIF requires."""
+    uri = Path(package_dir).absolute().parent.as_uri()
+    return uri if uri.endswith("/") else uri + "/"
+
+
+def _result(result: Result, index: int) -> dict[str, Any]:
+    lines = [result.summary]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    lines.extend(f"observed: {e.observed}" for e in result.evidence if e.observed)
+    sarif: dict[str, Any] = {
+        "ruleId": result.id,
+        "ruleIndex": index,
+        "level": _LEVEL[result.status],
+        "message": {"text": "\n".join(lines)},
+    }
+    locations = []
+    for evidence in result.evidence:
+        where = evidence.location
+        if where is None:
+            continue
+        physical: dict[str, Any] = {"artifactLocation": {"uri": quote(where.path), "uriBaseId": BASE_ID}}
+        if where.line >= 1:
+            physical["region"] = {"startLine": where.line}
+        location: dict[str, Any] = {"physicalLocation": physical}
+        if where.symbol:
+            location["logicalLocations"] = [{"fullyQualifiedName": where.symbol}]
+        locations.append(location)
+    if locations:
+        sarif["locations"] = locations
+    if result.ignored is not None:
+        sarif["suppressions"] = [{"kind": "external", "justification": result.ignored}]
+    sarif["properties"] = {"status": result.status.value, "depth": result.depth.value}
+    return sarif
