@@ -1,19 +1,34 @@
 """NPD002: PD transfer item lengths equal the bytes of one page of the NPU buffer layout.
 
-With ``ASCEND_USE_FIA=1`` the NPU MHA pool views each layer as
-``(pages * page_size, 1, heads, dim)``, so ``get_contiguous_buf_infos`` must multiply the
-per-token item length by ``page_size`` (https://github.com/sgl-project/sglang/pull/15852).
+PD disaggregation moves KV page by page: the transfer engine copies ``item_len`` bytes
+per page index, with ``item_len`` taken from the pool's ``get_contiguous_buf_infos``.
+With ``ASCEND_USE_FIA=1`` the NPU MHA pool exposes each layer as a token-major view
+``(pages * page_size, 1, heads, dim)``, so ``buffer[0]`` is one *token*; sglang 0.5.9
+still reported ``buffer[0].nbytes`` and every transfer moved 1/page_size of each page,
+leaving decode with garbage KV. The fix multiplies by ``page_size`` under FIA
+(https://github.com/sgl-project/sglang/pull/15852).
 
-The static probe arrives with the static-depth issue; until then the check is registered
-with its metadata and reports ``skip``.
+Static probe (the property, not the diff): run the deployment's NPU pool construction
+and its ``get_contiguous_buf_infos`` on symbols (``npudoctor.shapes``) with the role's
+environment, and require every item length to equal the layer buffer's bytes divided by
+its page count, i.e. exactly one page, whatever the layout.
 """
 
 from __future__ import annotations
 
+import ast
+import re
+
 from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts
-from npudoctor.results import Status
+from npudoctor.facts import Facts, RoleFacts
+from npudoctor.pools import npu_pool_classes, pool_family
+from npudoctor.results import Evidence, Location, Status
+from npudoctor.shapes import LayoutEvaluator, Sym, flatten
+from npudoctor.source import ClassInfo, SourceTree
 from npudoctor.target import Target
+
+FIA_ENV = "ASCEND_USE_FIA"
+_POOL_SIZE = re.compile(r"(?<![A-Za-z_])size\b")  # `self.size` (tokens), not page_size or itemsize
 
 
 class TransferItemLengths(Check):
@@ -21,12 +36,173 @@ class TransferItemLengths(Check):
     title = "PD transfer item lengths match the NPU KV buffer layout"
     upstream = ("https://github.com/sgl-project/sglang/pull/15852",)
     fixed_in = "0.5.11"
-    why = "With ASCEND_USE_FIA=1 the NPU MHA buffer is token-major, one page per transfer item; if get_contiguous_buf_infos reports one token per item, PD transfer copies a fraction of each page and decode reads garbage KV."
+    why = (
+        "With ASCEND_USE_FIA=1 the NPU MHA buffer is token-major; if get_contiguous_buf_infos "
+        "reports one token per transfer item instead of one page, PD transfer copies a fraction "
+        "of each page and decode silently reads garbage KV."
+    )
     bites_when = "PD disaggregation with an MHA/GQA model (Qwen3, Qwen3-MoE) and ASCEND_USE_FIA=1."
     how_to_fix = "Upgrade sglang, or apply the npudoctor runtime override for NPD002 (item length = one page under FIA)."
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        return Probe(Status.SKIP, "not implemented yet: the static probe of NPD002 is still to come")
+        roles, families, assumptions = _scope(facts)
+        if not roles:
+            return Probe(Status.SKIP, "not a PD disaggregated deployment: no KV cache is transferred")
+        tree = target.tree
+        evidence: list[Evidence] = []
+        failing, unknown, checked, fia_independent = [], [], [], []
+        for family in families:
+            classes = npu_pool_classes(tree, family)
+            if not classes:
+                unknown.append(f"no NPU {family.upper()} pool class")
+                evidence.append(
+                    Evidence(
+                        expected=f"an NPU subclass of the generic {family.upper()} KV pool under sglang/srt",
+                        observed="none found: this release's layout is not one npudoctor recognises",
+                    )
+                )
+                continue
+            for cls in classes:
+                if not _layout_follows_env(tree, cls, FIA_ENV):
+                    fia_independent.append(cls.name)
+                    continue
+                for role in roles:
+                    outcome, item = _check_items(tree, cls, role, facts)
+                    evidence.append(item)
+                    label = f"{cls.name} ({role.name}, FIA {'on' if role.use_fia else 'off'})"
+                    {"fail": failing, "unknown": unknown, "pass": checked}[outcome].append(label)
+
+        if failing:
+            return Probe(
+                Status.FAIL,
+                f"{', '.join(failing)}: PD transfer items are not one page; decode would receive partial pages",
+                tuple(evidence),
+                assumptions,
+                tuple(r.name for r in roles),
+            )
+        if unknown:
+            return Probe(
+                Status.WARN,
+                "cannot tell: " + "; ".join(unknown),
+                tuple(evidence),
+                assumptions,
+                tuple(r.name for r in roles),
+            )
+        if not checked:
+            return Probe(
+                Status.SKIP,
+                f"the deployment's NPU pools ({', '.join(fia_independent)}) keep one layout whatever "
+                f"{FIA_ENV} says; their items are pages",
+                tuple(evidence),
+                assumptions,
+            )
+        if not any(r.use_fia for r in roles):
+            return Probe(
+                Status.SKIP,
+                f"{FIA_ENV} is off for every PD role: the page-major layout is in use (its items are one page)",
+                tuple(evidence),
+                assumptions,
+            )
+        return Probe(
+            Status.PASS,
+            "every PD transfer item is one page of its layer buffer",
+            tuple(evidence),
+            assumptions,
+            tuple(r.name for r in roles),
+        )
+
+
+def _scope(facts: Facts) -> tuple[list[RoleFacts], list[str], tuple[str, ...]]:
+    if not facts.described:
+        worst = RoleFacts(
+            name="prefill/decode (assumed)", disaggregation_mode="decode", use_fia=True, env={FIA_ENV: "1"}
+        )
+        return (
+            [worst],
+            ["mha", "mla"],
+            (f"no deployment given: assumed PD disaggregation with {FIA_ENV}=1, MHA and MLA models",),
+        )
+    roles = [r for r in facts.roles if r.disaggregation_mode in ("prefill", "decode")]
+    if facts.model is None:
+        return roles, ["mha", "mla"], ("no model config given: checked both MHA and MLA pools",)
+    return roles, [pool_family(facts.model.attention)], ()
+
+
+def _layout_follows_env(tree: SourceTree, cls: ClassInfo, name: str) -> bool:
+    """Whether building ``cls`` reads environment variable ``name`` (FIA switches the layout)."""
+    return any(
+        isinstance(node, ast.Constant) and node.value == name
+        for method in tree.construction_methods(cls)
+        for node in ast.walk(method.node)
+    )
+
+
+def _check_items(tree: SourceTree, cls: ClassInfo, role: RoleFacts, facts: Facts) -> tuple[str, Evidence]:
+    params = {"is_quantized_kv_cache": False} if role.kv_cache_dtype == "auto" else {}
+    if facts.model is not None:
+        params["index_head_dim"] = facts.model.index_head_dim
+    env = dict(role.env)
+    env[FIA_ENV] = "1" if role.use_fia else "0"
+    evaluator = LayoutEvaluator(tree, cls, env, params)
+    evaluator.construct()
+    method = tree.lookup(evaluator.mro, "get_contiguous_buf_infos")
+    where = (
+        Location(method.relpath, method.line, method.qualname) if method else Location(cls.relpath, cls.line)
+    )
+    result = evaluator.call("get_contiguous_buf_infos")
+    lens, items = (
+        (flatten(result[1]), flatten(result[2]))
+        if isinstance(result, tuple) and len(result) == 3
+        else ([], [])
+    )
+    flag = f"{FIA_ENV}={'1' if role.use_fia else '0'}"
+    if not items or len(lens) != len(items) or not all(isinstance(x, Sym) for x in lens + items):
+        return "unknown", Evidence(
+            expected=f"{cls.name}.get_contiguous_buf_infos item lengths that npudoctor can evaluate ({flag})",
+            observed="the buffer layout or the item-length formula is not one the static evaluator understands",
+            location=where,
+        )
+    item_line = _item_lens_line(method) if method else None
+    at = f" ({method.relpath}:{item_line})" if item_line else ""
+    for data_len, item in zip(lens, items):
+        page = _one_page(data_len)
+        if page is None:
+            return "unknown", Evidence(
+                expected=f"a layer buffer whose size has a page count ({flag})",
+                observed=f"buffer bytes = {data_len}: no page-count factor found",
+                location=where,
+            )
+        if item != page:
+            ratio = page / item
+            return "fail", Evidence(
+                expected=f"kv_item_lens = one page of the layer buffer = {page} bytes ({cls.name}, {flag})",
+                observed=(
+                    f"{method.qualname} ({method.where()}) reports kv_item_lens{at} = {item} bytes, "
+                    f"1/{ratio} of a page (the buffer per layer is {data_len} bytes)"
+                ),
+                location=Location(method.relpath, item_line or method.line, method.qualname),
+            )
+    return "pass", Evidence(
+        expected=f"kv_item_lens = one page of each layer buffer ({cls.name}, {flag})",
+        observed=f"{method.qualname} ({method.where()}) reports {items[0]} bytes per item = one page",
+        location=where,
+    )
+
+
+def _one_page(buffer_bytes: Sym) -> Sym | None:
+    """Bytes of one page: the buffer's bytes without its page-count factor (built from ``self.size``)."""
+    pages = [atom for atom, power in buffer_bytes.atoms if power == 1 and _POOL_SIZE.search(atom)]
+    return buffer_bytes / Sym.atom(pages[0]) if len(pages) == 1 else None
+
+
+def _item_lens_line(method) -> int | None:
+    lines = [
+        node.lineno
+        for node in ast.walk(method.node)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "kv_item_lens" for t in node.targets)
+    ]
+    return max(lines) if lines else None
 
 
 CHECK = TransferItemLengths()

@@ -284,14 +284,16 @@ class SourceTree:
         return None
 
     # ----- attribute flow ----------------------------------------------------------
-    def construction_assignments(self, cls: ClassInfo) -> dict[str, AttributeUse]:
-        """``self`` attributes assigned while ``cls(...)`` runs, following the calls it makes."""
+    def construction_methods(self, cls: ClassInfo) -> list[MethodRef]:
+        """The methods ``cls(...)`` runs: its ``__init__`` and what that calls on ``self``/``super()``."""
         mro = self.mro(cls)
         start = self.lookup(mro, "__init__")
-        if start is None:
-            return {}
+        return [] if start is None else self._reachable_methods(mro, start)
+
+    def construction_assignments(self, cls: ClassInfo) -> dict[str, AttributeUse]:
+        """``self`` attributes assigned while ``cls(...)`` runs, following the calls it makes."""
         assigned: dict[str, AttributeUse] = {}
-        for ref in self._reachable_methods(mro, start):
+        for ref in self.construction_methods(cls):
             for use in _self_assignments(ref):
                 assigned.setdefault(use.name, use)
         return assigned
