@@ -221,8 +221,14 @@ def role_facts(
         pp_size=integer("pp_size", 1),
         dp_size=integer("dp_size", 1),
         attn_cp_size=integer("attn_cp_size", 1),
-        prefill_context_parallel=_truthy(server_args.get("enable_prefill_context_parallel"))
-        or _truthy(server_args.get("enable_nsa_prefill_context_parallel")),
+        prefill_context_parallel=any(
+            _truthy(server_args.get(flag))
+            for flag in (
+                "enable_prefill_context_parallel",
+                "enable_prefill_cp",
+                "enable_nsa_prefill_context_parallel",
+            )
+        ),
         page_size=integer("page_size", NPU_DEFAULT_PAGE_SIZE),
         kv_cache_dtype=str(server_args.get("kv_cache_dtype") or "auto"),
         attention_backend=str(backend),

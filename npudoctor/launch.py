@@ -41,6 +41,7 @@ _KNOWN_FLAGS: dict[str, tuple[Callable[[str], Any] | None, tuple[str, ...]]] = {
     "device": (str, ("--device",)),
     "enable_prefill_context_parallel": (None, ("--enable-prefill-context-parallel",)),
     "enable_nsa_prefill_context_parallel": (None, ("--enable-nsa-prefill-context-parallel",)),
+    "enable_prefill_cp": (None, ("--enable-prefill-cp",)),
     "enable_dp_attention": (None, ("--enable-dp-attention",)),
 }
 _ALIASES = {alias: dest for dest, (_, aliases) in _KNOWN_FLAGS.items() for alias in aliases}

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-# Bases that define no instance attributes a check could care about.
-_INERT_EXTERNAL_BASES = {"object", "ABC", "abc.ABC", "Generic", "Protocol", "enum.Enum", "Enum"}
+# Bases that define no instance attributes a check could care about; never searched for.
+INERT_BASES = frozenset(
+    {"object", "ABC", "abc.ABC", "Generic", "Protocol", "enum.Enum", "Enum", "IntEnum", "enum.IntEnum"}
+)
 
 
 @dataclass(eq=False)
@@ -114,6 +116,9 @@ class SourceTree:
         self._bytes: dict[str, bytes] = {}
         self._modules: dict[Path, ast.Module | None] = {}
         self._classes_by_file: dict[Path, list[ClassInfo]] = {}
+        self._containing: dict[tuple[str, str], list[Path]] = {}
+        self._bases: dict[int, list[ClassInfo | str]] = {}
+        self._mro: dict[int, list[ClassInfo]] = {}
 
     # ----- files -------------------------------------------------------------------
     @cached_property
@@ -141,13 +146,16 @@ class SourceTree:
                 self._modules[path] = None
         return self._modules[path]
 
-    def files_containing(self, needle: str, under: str = "") -> Iterator[Path]:
-        """Files whose text contains ``needle``; a cheap filter before parsing."""
-        raw = needle.encode()
-        prefix = os.path.join(self.package_dir, under, "") if under else ""
-        for path in self.files:
-            if path.startswith(prefix) and raw in self.read(path):
-                yield Path(path)
+    def files_containing(self, needle: str, under: str = "") -> list[Path]:
+        """Files whose text contains ``needle``: a cheap filter before parsing, scanned once per needle."""
+        key = (needle, under)
+        if key not in self._containing:
+            raw = needle.encode()
+            prefix = os.path.join(self.package_dir, under, "") if under else ""
+            self._containing[key] = [
+                Path(path) for path in self.files if path.startswith(prefix) and raw in self.read(path)
+            ]
+        return self._containing[key]
 
     def relpath(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
@@ -228,44 +236,46 @@ class SourceTree:
 
     def bases(self, cls: ClassInfo) -> list[ClassInfo | str]:
         """The bases of ``cls``: a ClassInfo where the tree defines it, else the base's source text."""
-        resolved: list[ClassInfo | str] = []
-        for base in cls.node.bases:
-            text = ast.unparse(base)
-            if isinstance(base, ast.Subscript):  # Generic[T]
-                text = ast.unparse(base.value)
-            found = self.resolve_name(cls.path, text)
-            if found is None and "." not in text:
-                candidates = [c for c in self.find_classes(text) if c is not cls]
-                found = candidates[0] if len(candidates) == 1 else None
-            resolved.append(found if found is not None else text)
-        return resolved
+        if id(cls) not in self._bases:
+            resolved: list[ClassInfo | str] = []
+            for base in cls.node.bases:
+                text = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)  # Generic[T]
+                found = None if text in INERT_BASES else self.resolve_name(cls.path, text)
+                if found is None and "." not in text and text not in INERT_BASES:
+                    candidates = [c for c in self.find_classes(text) if c is not cls]
+                    found = candidates[0] if len(candidates) == 1 else None
+                resolved.append(found if found is not None else text)
+            self._bases[id(cls)] = resolved
+        return self._bases[id(cls)]
 
     def mro(self, cls: ClassInfo) -> list[ClassInfo]:
-        """C3 linearisation over the classes defined in the tree."""
-        return [c for c in self._linearise(cls, frozenset()) if isinstance(c, ClassInfo)]
+        """C3 linearisation over the classes defined in the tree (computed once per class)."""
+        if id(cls) not in self._mro:
+            self._mro[id(cls)] = self._linearise(cls, frozenset())
+        return self._mro[id(cls)]
 
     def external_bases(self, cls: ClassInfo) -> list[str]:
         """Bases anywhere in the MRO that the tree does not define and that may carry state."""
-        found = []
+        found: list[str] = []
         for klass in self.mro(cls):
             for base in self.bases(klass):
-                if isinstance(base, str) and base not in _INERT_EXTERNAL_BASES:
+                if isinstance(base, str) and base not in INERT_BASES and base not in found:
                     found.append(base)
         return found
 
     def _linearise(self, cls: ClassInfo, seen: frozenset[int]) -> list[ClassInfo]:
+        if id(cls) in self._mro:
+            return self._mro[id(cls)]
         if id(cls) in seen:  # a cycle can only come from a name resolved to the wrong class
             return [cls]
         seen = seen | {id(cls)}
         parents = [b for b in self.bases(cls) if isinstance(b, ClassInfo)]
-        sequences = [self._linearise(p, seen) for p in parents] + [list(parents)]
+        sequences = [list(self._linearise(p, seen)) for p in parents] + [list(parents)]
         result = [cls]
         while any(sequences):
             for seq in sequences:
-                if not seq:
-                    continue
-                head = seq[0]
-                if not any(head in s[1:] for s in sequences):
+                if seq and not any(seq[0] in s[1:] for s in sequences):
+                    head = seq[0]
                     break
             else:  # inconsistent hierarchy: fall back to depth-first order
                 head = next(s[0] for s in sequences if s)
