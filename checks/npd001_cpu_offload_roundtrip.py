@@ -22,7 +22,7 @@ import ast
 
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts
-from npudoctor.pools import npu_pool_classes, pool_family
+from npudoctor.pools import npu_pool_classes, offload_scope
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, MethodRef, SourceTree
 from npudoctor.target import Target
@@ -52,7 +52,7 @@ class CpuOffloadRoundTrip(Check):
     )
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        roles, families, assumptions = _scope(facts)
+        roles, families, assumptions = offload_scope(facts)
         if not roles:
             return Probe(
                 Status.SKIP,
@@ -105,24 +105,6 @@ class CpuOffloadRoundTrip(Check):
             status = Status.PASS
             summary = "the NPU pools' offload methods read only attributes their construction assigns"
         return Probe(status, summary, tuple(evidence), assumptions, roles)
-
-
-def _scope(facts: Facts) -> tuple[tuple[str, ...], list[str], tuple[str, ...]]:
-    """Roles that offload, the pool families they build, and what had to be assumed."""
-    assumptions: list[str] = []
-    if not facts.described:
-        assumptions.append(
-            "no deployment given: assumed a PD decode server, with an MLA and with an MHA model"
-        )
-        return ("decode (assumed)",), ["mla", "mha"], tuple(assumptions)
-    roles = tuple(r.name for r in facts.roles if r.can_offload_kv)
-    if not facts.roles:
-        assumptions.append("no server args given: assumed a PD decode server")
-        roles = ("decode (assumed)",)
-    if facts.model is None:
-        assumptions.append("no model config given: checked both MLA and MHA pools")
-        return roles, ["mla", "mha"], tuple(assumptions)
-    return roles, [pool_family(facts.model.attention)], tuple(assumptions)
 
 
 def _offload_problems(tree: SourceTree, cls: ClassInfo) -> list[tuple[Status, Evidence]]:

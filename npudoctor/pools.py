@@ -9,7 +9,7 @@ directory (or whose name says NPU) and whose MRO contains the generic pool.
 
 from __future__ import annotations
 
-from npudoctor.facts import AttentionKind
+from npudoctor.facts import AttentionKind, Facts
 from npudoctor.source import ClassInfo, SourceTree
 
 GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}
@@ -33,3 +33,26 @@ def npu_pool_classes(tree: SourceTree, family: str) -> list[ClassInfo]:
             if is_npu and cls.name != base and tree.is_subclass(cls, base):
                 found.append(cls)
     return found
+
+
+def offload_scope(facts: Facts) -> tuple[tuple[str, ...], list[str], tuple[str, ...]]:
+    """Roles that offload KV to CPU, the pool families they build, and what had to be assumed.
+
+    Only a PD decode server retracts to host memory (``ScheduleBatch.release_req``); with no
+    deployment, or no roles, a decode server is assumed, and with no model both families.
+    """
+    if not facts.described:
+        return (
+            ("decode (assumed)",),
+            ["mla", "mha"],
+            ("no deployment given: assumed a PD decode server, with an MLA and with an MHA model",),
+        )
+    assumptions: list[str] = []
+    roles = tuple(r.name for r in facts.roles if r.can_offload_kv)
+    if not facts.roles:
+        assumptions.append("no server args given: assumed a PD decode server")
+        roles = ("decode (assumed)",)
+    if facts.model is None:
+        assumptions.append("no model config given: checked both MLA and MHA pools")
+        return roles, ["mla", "mha"], tuple(assumptions)
+    return roles, [pool_family(facts.model.attention)], tuple(assumptions)
