@@ -242,7 +242,9 @@ class SourceTree:
                 text = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)  # Generic[T]
                 found = None if text in INERT_BASES else self.resolve_name(cls.path, text)
                 if found is None and "." not in text and text not in INERT_BASES:
-                    candidates = [c for c in self.find_classes(text) if c is not cls]
+                    # a name not found through imports: look in the same subpackage (srt/, lang/, ...)
+                    part = cls.path.relative_to(self.package_dir).parts[0]
+                    candidates = [c for c in self.find_classes(text, under=part) if c is not cls]
                     found = candidates[0] if len(candidates) == 1 else None
                 resolved.append(found if found is not None else text)
             self._bases[id(cls)] = resolved
