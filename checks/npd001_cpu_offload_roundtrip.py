@@ -14,14 +14,22 @@ deployment's attention family, the ``get_cpu_copy``/``load_cpu_copy`` the class 
 to through its MRO must not be an abstract stub and must read only attributes that
 building that class assigns (following ``__init__``, ``super()`` and helper calls the
 way Python runs them) or that its classes define.
+
+Live probe: build each NPU pool of the family for the decode role on CPU (the role's
+layers, heads, head dims, page size; a few pages), fill every KV buffer with random
+bits, ``get_cpu_copy`` a scattered set of token slots, ``load_cpu_copy`` it into other
+slots, and compare every layer and buffer bit for bit. The first mismatch or the
+exception is the evidence.
 """
 
 from __future__ import annotations
 
 import ast
+import traceback
 
+from npudoctor import livepools
 from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts
+from npudoctor.facts import Facts, RoleFacts
 from npudoctor.pools import npu_pool_classes, offload_scope
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, MethodRef, SourceTree
@@ -50,6 +58,56 @@ class CpuOffloadRoundTrip(Check):
         "apply the npudoctor runtime override for NPD001 (copies per layer through flattened "
         "k/v/indexer views)."
     )
+
+    def live_imports(self) -> None:
+        livepools.import_pool_modules()
+
+    def live(self, facts: Facts) -> Probe:
+        roles, families, assumptions = offload_scope(facts)
+        if not roles:
+            return Probe(
+                Status.SKIP, "no role of this deployment offloads KV to CPU (only a PD decode server does)"
+            )
+        role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
+        evidence: list[Evidence] = []
+        failing: list[str] = []
+        for family in families:
+            classes = livepools.npu_pool_classes(family)
+            if not classes:
+                return Probe(
+                    Status.WARN,
+                    f"no NPU {family.upper()} pool class is loaded from sglang",
+                    assumptions=assumptions,
+                    roles=roles,
+                )
+            for cls in classes:
+                problem = livepools.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
+                if problem is None:
+                    evidence.append(
+                        Evidence(
+                            expected=f"{cls.__name__}: KV of the offloaded slots comes back bit for bit",
+                            observed=f"{cls.__name__} (live, CPU): every layer and buffer round-tripped",
+                            location=_code_location(cls, "get_cpu_copy"),
+                        )
+                    )
+                else:
+                    failing.append(cls.__name__)
+                    evidence.append(problem)
+        if failing:
+            return Probe(
+                Status.FAIL,
+                f"{', '.join(failing)}: CPU offload/reload does not round-trip",
+                tuple(evidence),
+                assumptions,
+                roles,
+            )
+        return Probe(
+            Status.PASS,
+            "the NPU pools' CPU offload/reload round-trips every layer and buffer",
+            tuple(evidence),
+            assumptions,
+            roles,
+        )
 
     def static(self, target: Target, facts: Facts) -> Probe:
         roles, families, assumptions = offload_scope(facts)
@@ -182,6 +240,85 @@ def _round_trip_ok(tree: SourceTree, cls: ClassInfo) -> Evidence:
         ),
         location=Location(first.relpath, first.line, first.qualname),
     )
+
+
+def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
+    """Offload scattered slots and reload them elsewhere; None when every bit came back."""
+    import torch
+
+    try:
+        pool = livepools.build_pool(cls, facts.model, role)
+    except livepools.CannotBuild as reason:
+        return Evidence(
+            expected=f"a {cls.__name__} for this deployment",
+            observed=str(reason),
+            location=_code_location(cls, "__init__"),
+        )
+    buffers = livepools.kv_buffers(pool)
+    tokens = pool.size + pool.page_size
+    generator = torch.Generator().manual_seed(0)
+    for layers in buffers.values():
+        for layer in layers:
+            rows = livepools.token_rows(layer, tokens)
+            rows.copy_(
+                torch.randint(-(2**15), 2**15, rows.shape, dtype=torch.int32, generator=generator).to(
+                    rows.dtype
+                )
+            )
+    page = pool.page_size
+    source = torch.tensor([page + 1, page + 5, 2 * page, 2 * page + 3, 3 * page - 1], dtype=torch.int64)
+    target = torch.tensor([3 * page + 2, page + 7, 2 * page + 9, 4 * page - 1, page + 2], dtype=torch.int64)
+    before = {
+        name: [livepools.token_rows(t, tokens)[source].clone() for t in layers]
+        for name, layers in buffers.items()
+    }
+    get, load = pool.get_cpu_copy, pool.load_cpu_copy
+    try:
+        saved = get(source)
+        load(saved, target)
+    except Exception as error:
+        return _exception_evidence(cls, error)
+    for name, layers in buffers.items():
+        for index, layer in enumerate(layers):
+            after = livepools.token_rows(layer, tokens)[target]
+            wrong = (after != before[name][index]).any(dim=1).nonzero()
+            if len(wrong):
+                slot = int(wrong[0])
+                return Evidence(
+                    expected=f"{cls.__name__}.{name} layer {index} slot {int(target[slot])}: the bits of slot {int(source[slot])}",
+                    observed=(
+                        f"got other bits in {len(wrong)} of {len(target)} reloaded slots of that layer "
+                        f"(first: slot {int(target[slot])}, bytes {before[name][index][slot][:4].tolist()}... "
+                        f"expected, {after[slot][:4].tolist()}... found)"
+                    ),
+                    location=_code_location(cls, "load_cpu_copy"),
+                )
+    return None
+
+
+def _exception_evidence(cls: type, error: Exception) -> Evidence:
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/sglang/" in f.filename]
+    location = None
+    if frames:
+        last = frames[-1]
+        location = Location(
+            last.filename[last.filename.rindex("/sglang/") + 1 :], last.lineno or 0, last.name
+        )
+    return Evidence(
+        expected=f"{cls.__name__}.get_cpu_copy/load_cpu_copy to offload and reload the KV cache",
+        observed=f"{type(error).__name__}: {error} (live, CPU)",
+        location=location,
+    )
+
+
+def _code_location(cls: type, method: str) -> Location | None:
+    function = getattr(cls, method, None)
+    code = getattr(function, "__code__", None)
+    if code is None or "/sglang/" not in code.co_filename:
+        return None
+    path = code.co_filename
+    owner = function.__qualname__
+    return Location(path[path.rindex("/sglang/") + 1 :], code.co_firstlineno, owner)
 
 
 def _only_raises_not_implemented(method: MethodRef) -> bool:

@@ -21,6 +21,7 @@ from npudoctor.results import Depth, Evidence, Remediation, Result, Status
 
 if TYPE_CHECKING:
     from npudoctor.facts import Facts
+    from npudoctor.live import LiveOutcome
     from npudoctor.target import Target
 
 
@@ -50,16 +51,86 @@ class Check:
         """Read the target's source (never import it) and test the property."""
         raise NotImplementedError
 
-    def run(self, target: Target, facts: Facts, depth: str = "auto") -> Result:
-        """Run the probe the depth asks for. The live depth arrives with the NPU simulation layer;
-        until a check has one, every depth runs the static probe and says so."""
-        probe = self.static(target, facts)
-        assumptions = probe.assumptions
-        if depth == "live":
-            assumptions += ("live probe not available for this check yet: static evidence only",)
+    def live_imports(self) -> None:
+        """Import the sglang modules the live probe needs (in the live child, behind the NPU simulation)."""
+
+    def live(self, facts: Facts) -> Probe:
+        """Run the real sglang code on CPU and test the property with data (in the live child)."""
+        raise NotImplementedError
+
+    @property
+    def has_live(self) -> bool:
+        return type(self).live is not Check.live
+
+    def run(
+        self, target: Target, facts: Facts, depth: str = "auto", live: LiveOutcome | None = None
+    ) -> Result:
+        """Combine the depths: static always (unless ``depth == "live"``), live where it ran.
+
+        When both ran and disagree, the result is ``warn`` with both findings: one of them is wrong.
+        """
+        static = self.static(target, facts) if depth != "live" else None
+        live_probe, live_note = self._live_probe(depth, live)
+        if live_probe is None:
+            if static is None:
+                return self.result(Status.ERROR, Depth.LIVE, f"live depth unavailable: {live_note}")
+            notes = (f"live depth not run: {live_note}",) if live_note else ()
+            return self.result(
+                static.status,
+                Depth.STATIC,
+                static.summary,
+                static.evidence,
+                static.assumptions + notes,
+                static.roles,
+            )
+        if static is None or static.status == live_probe.status:
+            evidence = live_probe.evidence + (static.evidence if static else ())
+            return self.result(
+                live_probe.status,
+                Depth.LIVE,
+                live_probe.summary,
+                evidence,
+                live_probe.assumptions,
+                live_probe.roles,
+            )
+        definitive = [p for p in (live_probe, static) if p.status in (Status.PASS, Status.FAIL)]
+        if len(definitive) == 1:  # the other side could not tell (warn) or did not apply (skip)
+            chosen = definitive[0]
+            depth_used = Depth.LIVE if chosen is live_probe else Depth.STATIC
+            other = static if chosen is live_probe else live_probe
+            note = (
+                f"{'static' if chosen is live_probe else 'live'} depth: {other.status.value}: {other.summary}"
+            )
+            return self.result(
+                chosen.status,
+                depth_used,
+                chosen.summary,
+                chosen.evidence + other.evidence,
+                chosen.assumptions + (note,),
+                chosen.roles,
+            )
         return self.result(
-            probe.status, Depth.STATIC, probe.summary, probe.evidence, assumptions, probe.roles
+            Status.WARN,
+            Depth.LIVE,
+            f"static and live disagree (static: {static.status.value}, live: {live_probe.status.value}): "
+            f"static says {static.summary}; live says {live_probe.summary}",
+            live_probe.evidence + static.evidence,
+            live_probe.assumptions + static.assumptions,
+            live_probe.roles or static.roles,
         )
+
+    def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
+        if depth == "static":
+            return None, ""
+        if not self.has_live:
+            return None, "this check has no live probe yet"
+        if live is None:
+            return None, "not requested"
+        if live.unavailable:
+            return None, live.unavailable
+        if self.id in live.errors:
+            raise LiveProbeError(live.errors[self.id])
+        return live.probes.get(self.id), ""
 
     def result(
         self,
@@ -99,6 +170,10 @@ class Check:
         )
 
 
+class LiveProbeError(RuntimeError):
+    """The live probe itself raised in the child; the check becomes an ``error`` result."""
+
+
 def all_checks() -> list[Check]:
     """Every check module in ``npudoctor.checks``, ordered by id."""
     from npudoctor import checks as package
@@ -114,13 +189,23 @@ def all_checks() -> list[Check]:
     return [found[key] for key in sorted(found)]
 
 
-def run_checks(checks: list[Check], target: Target, facts: Facts, depth: str, on_done=None) -> list[Result]:
-    """Run each check; one that raises becomes an ``error`` result and the others still run."""
+def run_checks(
+    checks: list[Check],
+    target: Target,
+    facts: Facts,
+    depth: str,
+    on_done=None,
+    live: LiveOutcome | None = None,
+) -> list[Result]:
+    """Run each check; one that raises becomes an ``error`` result and the others still run.
+
+    ``live`` is the outcome of the live child (``npudoctor.live.run``) for these checks, if it ran.
+    """
     results = []
     with _collector_paused():
         for check in checks:
             try:
-                result = check.run(target, facts, depth)
+                result = check.run(target, facts, depth, live)
             except Exception as error:  # a broken check must not hide the others' findings
                 result = check.error_result(error)
             results.append(result)

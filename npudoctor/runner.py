@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
-from npudoctor import __version__, deployment, ignores
+from npudoctor import __version__, deployment, ignores, live
 from npudoctor.check import Check, all_checks, run_checks
 from npudoctor.errors import InputError
 from npudoctor.launch import sglang_parser
@@ -44,18 +44,24 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     ignores.validate(entries, {c.id for c in all_checks()})
     target = discover(request.sglang_path)
 
+    live_checks = [c for c in checks if c.has_live] if request.depth != "static" else []
     if progress is not None:
         with Progress(
             SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True
         ) as bar:
             task = bar.add_task("checking", total=len(checks))
+            outcome = None
+            if live_checks:
+                bar.update(task, description=f"live probes: importing sglang {target.version} on CPU ...")
+                outcome = live.run(target, deploy.facts, live_checks)
 
             def advance(check: Check, _result) -> None:
                 bar.update(task, advance=1, description=f"{check.id} done")
 
-            results = run_checks(checks, target, deploy.facts, request.depth, advance)
+            results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
     else:
-        results = run_checks(checks, target, deploy.facts, request.depth)
+        outcome = live.run(target, deploy.facts, live_checks) if live_checks else None
+        results = run_checks(checks, target, deploy.facts, request.depth, live=outcome)
 
     results = ignores.apply(results, entries, request.today)
     return Report(

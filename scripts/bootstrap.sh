@@ -10,4 +10,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[test]"
+# The live depth imports real sglang modules: their CPU dependency set, with the CPU torch pinned.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  -c "$repo/constraints-live.txt" -r "$repo/requirements-live.txt"
 export PATH="$venv/bin:$PATH"

@@ -1,0 +1,111 @@
+"""The live depth: import the target's real sglang modules and run the probed code.
+
+Live probes run in a child interpreter (``python -m npudoctor.live``), one per
+``npudoctor check`` run, for three reasons: the target may be a tree that is not the
+installed sglang (it goes first on the child's ``sys.path``); importing sglang and the
+NPU stand-ins must not leak into the caller's interpreter; and a crash or a runaway
+allocation in sglang code ends the child, not the report. The child gets the facts and
+the check ids as a pickle on stdin and answers with a pickle of ``Probe`` objects (or the
+exception text per check), its import time and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from npudoctor.check import Check, Probe
+from npudoctor.facts import Facts
+from npudoctor.target import Target
+
+# A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
+TIMEOUT_SECONDS = 600
+
+
+@dataclass
+class LiveOutcome:
+    """What the child reported: a probe or an error per check id, and what the run cost."""
+
+    probes: dict[str, Probe] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    unavailable: str | None = None  # why no live probe could run at all
+    import_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
+
+
+def run(target: Target, facts: Facts, checks: list[Check]) -> LiveOutcome:
+    """Run the live probes of ``checks`` against ``target`` in a child interpreter."""
+    ids = [c.id for c in checks]
+    if not ids:
+        return LiveOutcome()
+    env = dict(os.environ)
+    if target.source == "path":
+        env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    request = pickle.dumps({"facts": facts, "checks": ids, "sglang_root": str(target.root)})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "npudoctor.live"],
+            input=request,
+            capture_output=True,
+            env=env,
+            timeout=TIMEOUT_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return LiveOutcome(unavailable=f"the live run did not finish in {TIMEOUT_SECONDS} s")
+    if done.returncode != 0 or not done.stdout:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return LiveOutcome(unavailable=f"the live run exited {done.returncode}: {tail[0]}")
+    return pickle.loads(done.stdout)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _child() -> int:
+    """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
+    request = pickle.loads(sys.stdin.buffer.read())
+    answer = sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever sglang prints must not corrupt the answer
+    from npudoctor.check import all_checks
+    from npudoctor.npusim import npu_runtime, simulated_npu
+
+    outcome = LiveOutcome()
+    wanted = {c.id: c for c in all_checks() if c.id in request["checks"]}
+    with simulated_npu():
+        start = time.perf_counter()
+        try:
+            for check in wanted.values():
+                check.live_imports()
+        except Exception as error:
+            outcome.unavailable = f"sglang does not import here: {type(error).__name__}: {error}"
+        outcome.import_seconds = time.perf_counter() - start
+        outcome.import_rss_mb = _peak_rss_mb()
+        if outcome.unavailable is None:
+            for check_id, check in wanted.items():
+                try:
+                    with npu_runtime():
+                        outcome.probes[check_id] = check.live(request["facts"])
+                except Exception as error:
+                    frames = traceback.extract_tb(error.__traceback__)
+                    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+                    outcome.errors[check_id] = f"{type(error).__name__}: {error}{where}"
+    outcome.peak_rss_mb = _peak_rss_mb()
+    answer.write(pickle.dumps(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    # run the child through the importable module, so pickled LiveOutcome objects name
+    # npudoctor.live.LiveOutcome, not __main__.LiveOutcome
+    from npudoctor.live import _child as child
+
+    sys.exit(child())

@@ -1,0 +1,155 @@
+"""Build the deployment's real sglang KV pools on CPU, small, for live probes.
+
+Pools are built through their real constructors with the deployment's dimensions
+(layers of the role's PP stage, KV heads per TP rank, head dims, MLA ranks, indexer dim,
+page size) and only a few pages, so a DeepSeek-V3-sized pool costs tens of MB. The
+constructor's signature decides which arguments are passed: releases add and rename
+parameters, and a required one npudoctor cannot fill is reported, not guessed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from npudoctor.facts import ModelFacts, RoleFacts
+
+NPU_POOL_MODULE = "sglang.srt.hardware_backend.npu.memory_pool_npu"
+GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
+GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}
+PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
+T = TypeVar("T")
+
+
+_MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
+
+
+class CannotBuild(Exception):
+    """The pool's constructor needs something the deployment does not say."""
+
+
+def import_pool_modules() -> None:
+    importlib.import_module(GENERIC_POOL_MODULE)
+    importlib.import_module(NPU_POOL_MODULE)
+
+
+def npu_pool_classes(family: str) -> list[type]:
+    """Loaded subclasses of the generic pool of ``family`` that live in an NPU module."""
+    base = getattr(sys.modules[GENERIC_POOL_MODULE], GENERIC_POOL[family])
+    found, stack = [], list(base.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if "npu" in cls.__module__ or cls.__name__.startswith("NPU"):
+            found.append(cls)
+    return sorted(set(found), key=lambda c: c.__name__)
+
+
+def build_pool(
+    cls: type, model: ModelFacts | None, role: RoleFacts, dtype: torch.dtype = torch.bfloat16
+) -> Any:
+    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large."""
+    page_size = role.page_size
+    layers = _stage_layers(model, role)
+    heads = max(1, (model.num_kv_heads if model else 8) // max(1, role.tp_size)) if not _is_mla(model) else 1
+    known: dict[str, Any] = {
+        "size": PAGES * page_size,
+        "page_size": page_size,
+        "dtype": dtype,
+        "layer_num": layers,
+        "device": "cpu",
+        "enable_memory_saver": False,
+        "start_layer": 0,
+        "end_layer": layers - 1,
+        "head_num": heads,
+        "head_dim": model.head_dim if model else 128,
+        "v_head_dim": model.v_head_dim if model else 128,
+        "kv_lora_rank": (model.kv_lora_rank if model and model.kv_lora_rank else 512),
+        "qk_rope_head_dim": (model.qk_rope_head_dim if model and model.qk_rope_head_dim else 64),
+        "index_head_dim": model.index_head_dim if model else None,
+        "enable_alt_stream": False,
+        "enable_kv_cache_copy": False,
+    }
+    kwargs = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in known:
+            kwargs[name] = known[name]
+        elif parameter.default is inspect.Parameter.empty:
+            raise CannotBuild(f"{cls.__name__}.__init__ needs {name!r}, which npudoctor cannot derive")
+    return cls(**kwargs)
+
+
+def in_role(role: RoleFacts, probe: Callable[[], T]) -> T:
+    """Run ``probe`` as the role's process would: its environment variables set (pools read
+    ``ASCEND_USE_FIA`` at construction) and, on releases with a runtime parallel context
+    (0.5.2x ``runtime_context.get_parallel``), every parallel width the code asks for set
+    to this single rank's view (sizes 1, ranks 0). Restores both afterwards."""
+    saved = {name: os.environ.get(name) for name in role.env}
+    os.environ.update(role.env)
+    try:
+        return _with_parallel_defaults(probe)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _with_parallel_defaults(probe: Callable[[], T]) -> T:
+    runtime = sys.modules.get("sglang.srt.runtime_context")
+    if runtime is None or not hasattr(runtime, "get_parallel"):
+        return probe()
+    values: dict[str, int] = {}
+    while True:
+        try:
+            with runtime.get_parallel().override(**values):
+                return probe()
+        except RuntimeError as error:
+            missing = _MISSING_PARALLEL.search(str(error))
+            if missing is None or missing.group(1) in values or len(values) > 32:
+                raise
+            values[missing.group(1)] = 0 if "rank" in missing.group(1) else 1
+
+
+def kv_buffers(pool: Any) -> dict[str, list[torch.Tensor]]:
+    """Per-layer KV tensors of a pool by attribute name (k_buffer, v_buffer, index_k_buffer, ...)."""
+    found: dict[str, list[torch.Tensor]] = {}
+    for name, value in vars(pool).items():
+        if "buffer" not in name or name.startswith("_"):
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[0] == pool.layer_num:
+            found[name] = [value[i] for i in range(pool.layer_num)]
+        elif (
+            isinstance(value, (list, tuple))
+            and len(value) == pool.layer_num
+            and all(isinstance(t, torch.Tensor) for t in value)
+        ):
+            found[name] = list(value)
+    return found
+
+
+def token_rows(layer: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A per-layer buffer as ``(token slots, bytes-per-token)`` of raw bits, whatever its layout."""
+    raw = layer.view(torch.uint8) if layer.element_size() == 1 else layer.view(torch.int16)
+    if raw.numel() % tokens:
+        raise ValueError(f"a layer buffer of shape {tuple(layer.shape)} does not hold {tokens} token slots")
+    return raw.reshape(tokens, -1)
+
+
+def _is_mla(model: ModelFacts | None) -> bool:
+    return bool(model and model.attention.is_mla)
+
+
+def _stage_layers(model: ModelFacts | None, role: RoleFacts) -> int:
+    layers = model.num_layers if model else 4
+    return max(1, -(-layers // max(1, role.pp_size)))  # the largest PP stage
