@@ -1,0 +1,82 @@
+"""NPD001 live: real NPU pools of real releases, built on CPU behind the NPU simulation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import EXAMPLES, RELEASES, json_report, result_of, truth_verdict
+
+DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
+EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_live_round_trip_matches_truth(cli, release, version):
+    report = json_report(
+        cli,
+        "--sglang-path",
+        release(version),
+        "--config",
+        DEEPSEEK_PD,
+        "--select",
+        "NPD001",
+        "--depth",
+        "live",
+    )
+    result = result_of(report, "NPD001")
+    assert result["depth"] == "live"
+    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD001")], result
+    text = json.dumps(result["evidence"])
+    if result["status"] == "fail":
+        assert "AttributeError" in text and "kv_buffer" in text and "(live, CPU)" in text
+    else:
+        assert "round-tripped" in text
+
+
+def test_auto_depth_agrees_with_static(cli, release):
+    result = result_of(
+        json_report(
+            cli,
+            "--sglang-path",
+            release("0.5.12"),
+            "--config",
+            DEEPSEEK_PD,
+            "--select",
+            "NPD001",
+            "--depth",
+            "auto",
+        ),
+        "NPD001",
+    )
+    assert result["status"] == "fail" and result["depth"] == "live"
+    observed = [e["observed"] for e in result["evidence"]]
+    assert any("(live, CPU)" in o for o in observed) and any("resolves to" in o for o in observed)
+
+
+def test_page_major_mha_offload_is_caught_live_only(cli, release, tmp_path):
+    """Without FIA, 0.5.12's inherited MHA offload indexes a (pages, page_size, ...) buffer by
+    token: a sibling the static depth cannot see. Live and static disagree, so the result warns."""
+    config = tmp_path / "nofia.yaml"
+    config.write_text(
+        (EXAMPLES / "qwen3-moe-pd-fia.yaml")
+        .read_text()
+        .replace('"1"', '"0"')
+        .replace("models/", f"{EXAMPLES}/models/")
+    )
+    result = result_of(
+        json_report(
+            cli,
+            "--sglang-path",
+            release("0.5.12"),
+            "--config",
+            config,
+            "--select",
+            "NPD001",
+            "--depth",
+            "auto",
+        ),
+        "NPD001",
+    )
+    assert result["status"] == "warn" and "static and live disagree" in result["summary"]
+    assert "IndexError" in json.dumps(result["evidence"])
