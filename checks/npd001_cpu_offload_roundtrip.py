@@ -62,7 +62,7 @@ class CpuOffloadRoundTrip(Check):
     def live_imports(self) -> None:
         livepools.import_pool_modules()
 
-    def live(self, facts: Facts) -> Probe:
+    def live(self, target: Target, facts: Facts) -> Probe:
         roles, families, assumptions = offload_scope(facts)
         if not roles:
             return Probe(

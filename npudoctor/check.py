@@ -54,8 +54,10 @@ class Check:
     def live_imports(self) -> None:
         """Import the sglang modules the live probe needs (in the live child, behind the NPU simulation)."""
 
-    def live(self, facts: Facts) -> Probe:
-        """Run the real sglang code on CPU and test the property with data (in the live child)."""
+    def live(self, target: Target, facts: Facts) -> Probe:
+        """Run the real sglang code on CPU and test the property with data (in the live child).
+
+        ``target`` is the same tree the static probe reads (its source can name what to call)."""
         raise NotImplementedError
 
     @property

@@ -77,8 +77,10 @@ def _child() -> int:
     sys.stdout = sys.stderr  # whatever sglang prints must not corrupt the answer
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime, simulated_npu
+    from npudoctor.target import discover
 
     outcome = LiveOutcome()
+    target = discover(request["sglang_root"])
     wanted = {c.id: c for c in all_checks() if c.id in request["checks"]}
     with simulated_npu():
         start = time.perf_counter()
@@ -93,7 +95,7 @@ def _child() -> int:
             for check_id, check in wanted.items():
                 try:
                     with npu_runtime():
-                        outcome.probes[check_id] = check.live(request["facts"])
+                        outcome.probes[check_id] = check.live(target, request["facts"])
                 except Exception as error:
                     frames = traceback.extract_tb(error.__traceback__)
                     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
