@@ -104,6 +104,7 @@ class Report:
     results: tuple[Result, ...]
     fail_on: Status = Status.FAIL
     tool_version: str = ""
+    live: dict[str, Any] | None = None  # what the live child cost, or why it could not run
 
     def findings(self) -> list[Result]:
         """Results at or above ``fail_on`` that no ignore entry covers."""
@@ -116,6 +117,7 @@ class Report:
             "target": asdict(self.target),
             "deployment": self.deployment,
             "fail_on": self.fail_on.value,
+            "live": self.live,
             "results": [r.to_dict() for r in self.results],
             "summary": self.counts(),
         }

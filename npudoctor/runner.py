@@ -70,7 +70,21 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         results=tuple(results),
         fail_on=Status(request.fail_on),
         tool_version=__version__,
+        live=_live_summary(outcome),
     )
+
+
+def _live_summary(outcome: live.LiveOutcome | None) -> dict | None:
+    if outcome is None:
+        return None
+    if outcome.unavailable:
+        return {"ran": False, "reason": outcome.unavailable}
+    return {
+        "ran": True,
+        "import_seconds": round(outcome.import_seconds, 2),
+        "import_rss_mb": round(outcome.import_rss_mb, 1),
+        "peak_rss_mb": round(outcome.peak_rss_mb, 1),
+    }
 
 
 def select_checks(ids: list[str]) -> list[Check]:

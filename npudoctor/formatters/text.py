@@ -51,6 +51,16 @@ def renderable(report: Report) -> RenderableType:
     for result in report.results:
         if result.status in (Status.FAIL, Status.WARN, Status.ERROR) or result.ignored:
             parts.append(_details(result))
+    if report.live is not None:
+        if report.live.get("ran"):
+            parts.append(
+                Text(
+                    f"live depth: sglang imported on CPU in {report.live['import_seconds']} s; peak RSS "
+                    f"{report.live['peak_rss_mb']} MB ({report.live['import_rss_mb']} MB after the import)"
+                )
+            )
+        else:
+            parts.append(Text(f"live depth not run: {report.live['reason']}"))
     counts = report.counts()
     verdict = (
         f"[bold red]{counts['findings']} finding(s) at or above '{report.fail_on.value}'[/]"
