@@ -6,18 +6,23 @@ installed sglang (it goes first on the child's ``sys.path``); importing sglang a
 NPU stand-ins must not leak into the caller's interpreter; and a crash or a runaway
 allocation in sglang code ends the child, not the report. The child gets the facts and
 the check ids as a pickle on stdin and answers with a pickle of ``Probe`` objects (or the
-exception text per check), its import time and its peak RSS.
+exception text per check), its import time and its peak RSS. While it works it names
+each step on a pipe of its own (sglang writes freely to stdout and stderr), so the
+caller can show progress.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import resource
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from npudoctor.check import Check, Probe
@@ -40,30 +45,56 @@ class LiveOutcome:
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
 
 
-def run(target: Target, facts: Facts, checks: list[Check]) -> LiveOutcome:
-    """Run the live probes of ``checks`` against ``target`` in a child interpreter."""
+def run(
+    target: Target, facts: Facts, checks: list[Check], on_step: Callable[[str], None] | None = None
+) -> LiveOutcome:
+    """Run the live probes of ``checks`` against ``target`` in a child interpreter.
+
+    ``on_step`` is called (from a reader thread) with each step the child names:
+    ``"import"`` while it imports sglang, then the id of each check it probes.
+    """
     ids = [c.id for c in checks]
     if not ids:
         return LiveOutcome()
     env = dict(os.environ)
     if target.source == "path":
         env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    request = pickle.dumps({"facts": facts, "checks": ids, "sglang_root": str(target.root)})
+    steps_read, steps_write = os.pipe()
+    request = pickle.dumps(
+        {"facts": facts, "checks": ids, "sglang_root": str(target.root), "steps_fd": steps_write}
+    )
+    reader = threading.Thread(target=_read_steps, args=(steps_read, on_step), daemon=True)
     try:
-        done = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, "-m", "npudoctor.live"],
-            input=request,
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
-            timeout=TIMEOUT_SECONDS,
-            check=False,
+            pass_fds=(steps_write,),
         )
+    finally:
+        os.close(steps_write)
+    reader.start()
+    try:
+        stdout, stderr = child.communicate(request, timeout=TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
         return LiveOutcome(unavailable=f"the live run did not finish in {TIMEOUT_SECONDS} s")
-    if done.returncode != 0 or not done.stdout:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return LiveOutcome(unavailable=f"the live run exited {done.returncode}: {tail[0]}")
-    return pickle.loads(done.stdout)
+    finally:
+        reader.join(timeout=5)
+    if child.returncode != 0 or not stdout:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return LiveOutcome(unavailable=f"the live run exited {child.returncode}: {tail[0]}")
+    return pickle.loads(stdout)
+
+
+def _read_steps(fd: int, on_step: Callable[[str], None] | None) -> None:
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as steps:
+        for line in steps:
+            if on_step is not None:
+                on_step(line.strip())
 
 
 def _peak_rss_mb() -> float:
@@ -82,7 +113,14 @@ def _child() -> int:
     outcome = LiveOutcome()
     target = discover(request["sglang_root"])
     wanted = {c.id: c for c in all_checks() if c.id in request["checks"]}
+    steps = os.fdopen(request["steps_fd"], "w", buffering=1, encoding="utf-8")
+
+    def step(name: str) -> None:
+        with contextlib.suppress(OSError):  # the caller stopped listening; the answer still matters
+            steps.write(name + "\n")
+
     with simulated_npu():
+        step("import")
         start = time.perf_counter()
         try:
             for check in wanted.values():
@@ -93,6 +131,7 @@ def _child() -> int:
         outcome.import_rss_mb = _peak_rss_mb()
         if outcome.unavailable is None:
             for check_id, check in wanted.items():
+                step(check_id)
                 try:
                     with npu_runtime():
                         outcome.probes[check_id] = check.live(target, request["facts"])

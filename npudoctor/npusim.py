@@ -8,13 +8,15 @@ duration of a live run (``simulated_npu()`` restores ``sys.modules`` and ``torch
   (0.5.8-0.5.11 import it unconditionally). It adds nothing to ``torch`` at import
   time: sglang's ``is_npu()`` is ``hasattr(torch, "npu")`` and must stay False while
   modules import, or sglang would take import-time NPU branches we do not test.
-* ``triton`` (and ``torchvision`` when the installed one is missing or broken): mock
-  modules whose attributes are further mocks and whose calls are pass-through
+* ``triton``, ``sgl_kernel_npu`` (Ascend kernel package, imported at the top of
+  ``ascend_backend.py``) and ``torchvision``, each only when the host cannot import it:
+  mock modules whose attributes are further mocks and whose calls are pass-through
   decorators, the approach of sglang 0.5.23's own ``_platform_stubs.py``. The probed
-  code never runs a Triton kernel.
+  code never runs a Triton or sgl_kernel_npu kernel.
 * ``torch.npu``: installed by ``npu_runtime()`` around the probe calls only, with the
   few functions the probed paths touch (synchronize, streams, device queries), all no-ops
-  on CPU. NPU kernels the probed code calls are taken from ``kernels`` (CPU references).
+  on CPU. The NPU kernels the probed code calls (``torch_npu.X`` and ``torch.ops.npu.X``)
+  are the CPU references of ``npudoctor.npukernels``, also only around the calls.
 
 On a host where the real torch_npu imports and sees a device, nothing is simulated.
 """
@@ -36,7 +38,7 @@ import torch
 
 STANDIN_MARK = "__npudoctor_standin__"
 # Packages stood in for when the host cannot import them, with the version they claim.
-_STANDIN_VERSIONS = {"triton": "3.0.0", "torchvision": "0.26.0"}
+_STANDIN_VERSIONS = {"triton": "3.0.0", "torchvision": "0.26.0", "sgl_kernel_npu": "0.0.0"}
 
 
 def real_npu_available() -> bool:
@@ -211,21 +213,39 @@ def _npu_namespace() -> types.SimpleNamespace:
 
 @contextlib.contextmanager
 def npu_runtime() -> Iterator[None]:
-    """``torch.npu`` (no-op streams and syncs) and a no-op ``torch.cuda.synchronize`` for the probe calls.
+    """``torch.npu`` (no-op streams and syncs), a no-op ``torch.cuda.synchronize`` and the CPU
+    reference kernels (on the stand-in ``torch_npu`` and as ``torch.ops.npu``) for the probe calls.
 
     Only around calls, never around imports (see the module docstring). Restored afterwards.
     """
     if real_npu_available():
         yield
         return
+    from npudoctor.npukernels import KERNELS
+
     had_npu = hasattr(torch, "npu")
     previous_npu = getattr(torch, "npu", None)
     previous_cuda_sync = torch.cuda.synchronize
+    previous_ops_npu = torch.ops.__dict__.get("npu")
+    standin = sys.modules.get("torch_npu")
+    if standin is not None and not getattr(standin, STANDIN_MARK, False):
+        standin = None  # a real (if deviceless) torch_npu keeps its own kernels
     torch.npu = _npu_namespace()  # type: ignore[attr-defined]
     torch.cuda.synchronize = lambda device=None: None  # inherited base offload methods call it
+    torch.ops.npu = types.SimpleNamespace(**KERNELS)
+    if standin is not None:
+        for name, kernel in KERNELS.items():
+            setattr(standin, name, kernel)
     try:
         yield
     finally:
+        if standin is not None:
+            for name in KERNELS:
+                standin.__dict__.pop(name, None)
+        if previous_ops_npu is None:
+            del torch.ops.npu
+        else:
+            torch.ops.npu = previous_ops_npu
         torch.cuda.synchronize = previous_cuda_sync
         if had_npu:
             torch.npu = previous_npu  # type: ignore[attr-defined]

@@ -52,8 +52,16 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
             task = bar.add_task("checking", total=len(checks))
             outcome = None
             if live_checks:
-                bar.update(task, description=f"live probes: importing sglang {target.version} on CPU ...")
-                outcome = live.run(target, deploy.facts, live_checks)
+                titles = {c.id: c.title for c in live_checks}
+
+                def live_step(step: str) -> None:
+                    if step == "import":
+                        text = f"live probes: importing sglang {target.version} on CPU ..."
+                    else:
+                        text = f"live probe {step}: {titles.get(step, '')} ..."
+                    bar.update(task, description=text)
+
+                outcome = live.run(target, deploy.facts, live_checks, live_step)
 
             def advance(check: Check, _result) -> None:
                 bar.update(task, advance=1, description=f"{check.id} done")

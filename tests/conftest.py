@@ -95,6 +95,32 @@ def cli(capsys):
     return run
 
 
+@pytest.fixture(scope="session")
+def live_report(release, tmp_path_factory):
+    """``live_report(version, config, *extra)`` -> the JSON report of ``npudoctor check --depth
+    live`` with every check on that release, run once per distinct request and shared by the
+    tests (each live run imports sglang in a child: ~10 s). ``config`` is a deployment YAML or
+    None (no deployment: the worst case); ``extra`` are further ``check`` options."""
+    cache: dict[tuple, dict] = {}
+    reports = tmp_path_factory.mktemp("live-reports")
+
+    def run(version: str, config: Path | str | None, *extra: str, depth: str = "live") -> dict:
+        key = (version, str(config), extra, depth)
+        if key not in cache:
+            output = reports / f"report-{len(cache)}.json"
+            argv = ["check", "--format", "json", "--depth", depth, "--sglang-path", str(release(version))]
+            argv += ["--output", str(output)]
+            if config is not None:
+                argv += ["--config", str(config)]
+            code = main([*argv, *[str(e) for e in extra]])
+            if code not in (0, 1):
+                pytest.fail(f"npudoctor {' '.join(argv)} exited {code}")
+            cache[key] = json.loads(output.read_text())
+        return cache[key]
+
+    return run
+
+
 def json_report(cli, *args: str) -> dict:
     code, out, err = cli("check", "--format", "json", *args)
     assert code in (0, 1), f"exit {code}: {err}"

@@ -50,3 +50,15 @@ def test_nothing_is_simulated_where_a_real_npu_works(monkeypatch):
 
 def test_no_real_npu_here():
     assert npusim.real_npu_available() is False
+
+
+def test_reference_kernels_exist_only_around_the_probe_calls():
+    ops_before = torch.ops.__dict__.get("npu")
+    with npusim.simulated_npu():
+        standin = importlib.import_module("torch_npu")
+        importlib.import_module("sgl_kernel_npu.attention.sinks_attention")
+        with npusim.npu_runtime():
+            assert standin.npu_fused_infer_attention_score is torch.ops.npu.npu_fused_infer_attention_score
+        assert not hasattr(standin, "npu_fused_infer_attention_score")
+    assert torch.ops.__dict__.get("npu") is ops_before
+    assert "sgl_kernel_npu" not in sys.modules
