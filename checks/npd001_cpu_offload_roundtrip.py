@@ -25,11 +25,11 @@ exception is the evidence.
 from __future__ import annotations
 
 import ast
-import traceback
 
 from npudoctor import livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts, RoleFacts
+from npudoctor.livecode import code_location, exception_evidence
 from npudoctor.pools import npu_pool_classes, offload_scope
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, MethodRef, SourceTree
@@ -87,7 +87,7 @@ class CpuOffloadRoundTrip(Check):
                         Evidence(
                             expected=f"{cls.__name__}: KV of the offloaded slots comes back bit for bit",
                             observed=f"{cls.__name__} (live, CPU): every layer and buffer round-tripped",
-                            location=_code_location(cls, "get_cpu_copy"),
+                            location=code_location(cls, "get_cpu_copy"),
                         )
                     )
                 else:
@@ -252,7 +252,7 @@ def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
         return Evidence(
             expected=f"a {cls.__name__} for this deployment",
             observed=str(reason),
-            location=_code_location(cls, "__init__"),
+            location=code_location(cls, "__init__"),
         )
     buffers = livepools.kv_buffers(pool)
     tokens = pool.size + pool.page_size
@@ -277,7 +277,9 @@ def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
         saved = get(source)
         load(saved, target)
     except Exception as error:
-        return _exception_evidence(cls, error)
+        return exception_evidence(
+            f"{cls.__name__}.get_cpu_copy/load_cpu_copy to offload and reload the KV cache", error
+        )
     for name, layers in buffers.items():
         for index, layer in enumerate(layers):
             after = livepools.token_rows(layer, tokens)[target]
@@ -291,34 +293,9 @@ def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
                         f"(first: slot {int(target[slot])}, bytes {before[name][index][slot][:4].tolist()}... "
                         f"expected, {after[slot][:4].tolist()}... found)"
                     ),
-                    location=_code_location(cls, "load_cpu_copy"),
+                    location=code_location(cls, "load_cpu_copy"),
                 )
     return None
-
-
-def _exception_evidence(cls: type, error: Exception) -> Evidence:
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/sglang/" in f.filename]
-    location = None
-    if frames:
-        last = frames[-1]
-        location = Location(
-            last.filename[last.filename.rindex("/sglang/") + 1 :], last.lineno or 0, last.name
-        )
-    return Evidence(
-        expected=f"{cls.__name__}.get_cpu_copy/load_cpu_copy to offload and reload the KV cache",
-        observed=f"{type(error).__name__}: {error} (live, CPU)",
-        location=location,
-    )
-
-
-def _code_location(cls: type, method: str) -> Location | None:
-    function = getattr(cls, method, None)
-    code = getattr(function, "__code__", None)
-    if code is None or "/sglang/" not in code.co_filename:
-        return None
-    path = code.co_filename
-    owner = function.__qualname__
-    return Location(path[path.rindex("/sglang/") + 1 :], code.co_firstlineno, owner)
 
 
 def _only_raises_not_implemented(method: MethodRef) -> bool:
