@@ -53,11 +53,19 @@ def npu_pool_classes(family: str) -> list[type]:
 
 
 def build_pool(
-    cls: type, model: ModelFacts | None, role: RoleFacts, dtype: torch.dtype = torch.bfloat16
+    cls: type,
+    model: ModelFacts | None,
+    role: RoleFacts,
+    dtype: torch.dtype = torch.bfloat16,
+    layers_range: tuple[int, int] | None = None,
 ) -> Any:
-    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large."""
+    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large.
+
+    ``layers_range`` is one PP stage's ``(start_layer, end_layer)``, end exclusive as sglang's
+    model runner passes ``model.end_layer``; by default the role's largest stage, from layer 0."""
     page_size = role.page_size
-    layers = _stage_layers(model, role)
+    first, end = layers_range or (0, _stage_layers(model, role))
+    layers = end - first
     heads = max(1, (model.num_kv_heads if model else 8) // max(1, role.tp_size)) if not _is_mla(model) else 1
     known: dict[str, Any] = {
         "size": PAGES * page_size,
@@ -66,8 +74,8 @@ def build_pool(
         "layer_num": layers,
         "device": "cpu",
         "enable_memory_saver": False,
-        "start_layer": 0,
-        "end_layer": layers - 1,
+        "start_layer": first,
+        "end_layer": end if layers_range else layers - 1,
         "head_num": heads,
         "head_dim": model.head_dim if model else 128,
         "v_head_dim": model.v_head_dim if model else 128,
