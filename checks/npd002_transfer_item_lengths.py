@@ -12,6 +12,13 @@ Static probe (the property, not the diff): run the deployment's NPU pool constru
 and its ``get_contiguous_buf_infos`` on symbols (``npudoctor.shapes``) with the role's
 environment, and require every item length to equal the layer buffer's bytes divided by
 its page count, i.e. exactly one page, whatever the layout.
+
+Live probe: build each NPU pool of the deployment's family for every PD role, in the
+role's environment (``ASCEND_USE_FIA`` decides the layout at construction), with the
+role's real dimensions and a few pages, call the real ``get_contiguous_buf_infos`` and
+require every item length to be the registered buffer's bytes divided by the pool's
+page count (``size / page_size`` pages plus the padded page 0, the count every sglang
+pool allocates).
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from __future__ import annotations
 import ast
 import re
 
+from npudoctor import livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts, RoleFacts
+from npudoctor.livecode import code_location, exception_evidence
 from npudoctor.pools import npu_pool_classes, pool_family
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.shapes import LayoutEvaluator, Sym, flatten
@@ -43,6 +52,60 @@ class TransferItemLengths(Check):
     )
     bites_when = "PD disaggregation with an MHA/GQA model (Qwen3, Qwen3-MoE) and ASCEND_USE_FIA=1."
     how_to_fix = "Upgrade sglang, or apply the npudoctor runtime override for NPD002 (item length = one page under FIA)."
+
+    def live_imports(self) -> None:
+        livepools.import_pool_modules()
+
+    def live(self, target: Target, facts: Facts) -> Probe:
+        roles, families, assumptions = _scope(facts)
+        if not roles:
+            return Probe(Status.SKIP, "not a PD disaggregated deployment: no KV cache is transferred")
+        evidence: list[Evidence] = []
+        failing, unbuilt, checked = [], [], []
+        for family in families:
+            classes = livepools.npu_pool_classes(family)
+            if not classes:
+                return Probe(
+                    Status.WARN,
+                    f"no NPU {family.upper()} pool class is loaded from sglang",
+                    assumptions=assumptions,
+                    roles=tuple(r.name for r in roles),
+                )
+            for cls in classes:
+                for role in roles:
+                    label = f"{cls.__name__} ({role.name}, {FIA_ENV}={'1' if role.use_fia else '0'})"
+                    outcome, item = livepools.in_role(
+                        role, lambda cls=cls, role=role: _live_items(cls, facts, role)
+                    )
+                    evidence.append(item)
+                    {"fail": failing, "unknown": unbuilt, "pass": checked}[outcome].append(label)
+        names = tuple(r.name for r in roles)
+        if failing:
+            return Probe(
+                Status.FAIL,
+                f"{', '.join(failing)}: PD transfer items are not one page; decode would receive partial pages",
+                tuple(evidence),
+                assumptions,
+                names,
+            )
+        if unbuilt:
+            return Probe(
+                Status.WARN, "cannot tell: " + "; ".join(unbuilt), tuple(evidence), assumptions, names
+            )
+        if not any(r.use_fia for r in roles):
+            return Probe(
+                Status.SKIP,
+                f"{FIA_ENV} is off for every PD role: the page-major layout is in use (its items are one page)",
+                tuple(evidence),
+                assumptions,
+            )
+        return Probe(
+            Status.PASS,
+            "every PD transfer item is one page of its layer buffer",
+            tuple(evidence),
+            assumptions,
+            names,
+        )
 
     def static(self, target: Target, facts: Facts) -> Probe:
         roles, families, assumptions = _scope(facts)
@@ -187,6 +250,69 @@ def _check_items(tree: SourceTree, cls: ClassInfo, role: RoleFacts, facts: Facts
         observed=f"{method.qualname} ({method.where()}) reports {items[0]} bytes per item = one page",
         location=where,
     )
+
+
+def _live_items(cls: type, facts: Facts, role: RoleFacts) -> tuple[str, Evidence]:
+    """Build ``cls`` for ``role`` and compare each transfer item length with one page of its buffer."""
+    flag = f"{FIA_ENV}={'1' if role.use_fia else '0'}"
+    where = code_location(cls, "get_contiguous_buf_infos")
+    try:
+        pool = livepools.build_pool(cls, facts.model, role)
+    except livepools.CannotBuild as reason:
+        return "unknown", Evidence(
+            expected=f"a {cls.__name__} for this deployment ({flag})",
+            observed=str(reason),
+            location=code_location(cls, "__init__"),
+        )
+    try:
+        ptrs, lens, items = pool.get_contiguous_buf_infos()[:3]
+    except Exception as error:
+        return "fail", exception_evidence(
+            f"{cls.__name__}.get_contiguous_buf_infos() to describe the buffers", error
+        )
+    pages = (pool.size + pool.page_size) // pool.page_size
+    if not items or not len(ptrs) == len(lens) == len(items):
+        return "fail", Evidence(
+            expected=f"{cls.__name__}.get_contiguous_buf_infos(): one pointer, length and item length per buffer",
+            observed=f"{len(ptrs)} pointers, {len(lens)} lengths, {len(items)} item lengths (live, CPU)",
+            location=where,
+        )
+    for entry, (data_len, item) in enumerate(zip(lens, items)):
+        page, rest = divmod(int(data_len), pages)
+        if rest:
+            return "unknown", Evidence(
+                expected=f"buffer entry {entry} of {cls.__name__} to hold {pages} pages ({flag})",
+                observed=f"{data_len} bytes is not a multiple of {pages} pages (live, CPU)",
+                location=where,
+            )
+        if int(item) != page:
+            wrong = sum(1 for d, i in zip(lens, items) if int(i) * pages != int(d))
+            return "fail", Evidence(
+                expected=(
+                    f"kv_item_lens[{entry}] = one page of the registered buffer = {data_len} bytes / "
+                    f"{pages} pages = {page} bytes ({cls.__name__}, {role.name}, {flag})"
+                ),
+                observed=(
+                    f"get_contiguous_buf_infos() returned kv_item_lens[{entry}] = {item} bytes "
+                    f"({_fraction(int(item), page)} of a page); {wrong} of {len(items)} entries are not one page "
+                    "(live, CPU)"
+                ),
+                location=where,
+            )
+    return "pass", Evidence(
+        expected=f"kv_item_lens = one page of each registered buffer ({cls.__name__}, {role.name}, {flag})",
+        observed=(
+            f"all {len(items)} entries of get_contiguous_buf_infos() are one page "
+            f"(entry 0: {items[0]} bytes x {pages} pages = {lens[0]} bytes) (live, CPU)"
+        ),
+        location=where,
+    )
+
+
+def _fraction(item: int, page: int) -> str:
+    if item and page % item == 0:
+        return f"1/{page // item}"
+    return f"{item / page:.3g}x"
 
 
 def _one_page(buffer_bytes: Sym) -> Sym | None:
