@@ -72,9 +72,13 @@ recognised gives ``warn``, never a silent ``pass``.
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts
@@ -140,6 +144,36 @@ class OffloadSignatures(Check):
         sliding = bool(facts.model and facts.model.sliding_window)
         hybrid = bool(facts.model and facts.model.hybrid_linear_layers)
         return _OffloadGraph(target.tree).probe(families, sliding, hybrid, roles, assumptions)
+
+    def live_imports(self) -> None:
+        """Import the module of every class a decode server's offload path can hold (the static
+        path's classes, for any deployment), while ``is_npu()`` is still False."""
+        from npudoctor import livepools
+
+        livepools.import_pool_modules()
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or spec.origin is None:
+            return
+        graph = _graph(Path(spec.origin).parent)
+        for sliding, hybrid in ((False, False), (True, True)):
+            for cls in graph.path(["mla", "mha"], sliding, hybrid).classes():
+                importlib.import_module(cls.module)
+
+    def live(self, target: Target, facts: Facts) -> Probe:
+        """Build the deployment's allocator and pools on CPU, call ``get_cpu_copy``/``load_cpu_copy``
+        through the real chain with the keywords the installed callers pass, and record what every
+        level receives (see ``_LiveProbe``)."""
+        roles, families, assumptions = offload_scope(facts)
+        if not roles:
+            return Probe(
+                Status.SKIP,
+                "no role of this deployment offloads KV to CPU: only a PD decode server retracts "
+                "requests to host memory (get_cpu_copy/load_cpu_copy)",
+            )
+        sliding = bool(facts.model and facts.model.sliding_window)
+        hybrid = bool(facts.model and facts.model.hybrid_linear_layers)
+        probe = _LiveProbe(_graph(target.tree.package_dir), facts)
+        return probe.run(families, sliding, hybrid, roles, assumptions)
 
 
 @dataclass(eq=False)
@@ -806,6 +840,453 @@ def _param_stored_in_self(func, param: str) -> list[str] | None:
             return None
         attrs.append(attr)
     return attrs or None
+
+
+
+# ----- the live probe ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _graph(package_dir: Path) -> _OffloadGraph:
+    """One static graph per tree and child: ``live_imports`` and ``live`` ask the same questions."""
+    return _OffloadGraph(SourceTree(Path(package_dir).resolve()))
+
+
+# Token slots offloaded and reloaded, as (page, offset) pairs: a few, across page boundaries,
+# never slot 0 (sglang's padding slot).
+_SLOTS = ((1, 1), (1, -1), (2, 0), (3, 3))
+_LIVE = " (live, CPU)"
+
+
+@dataclass
+class _Entry:
+    """What the installed scheduler passes to the allocator for one method: the keywords, with
+    the values a decode server has there (``values``), and where it says so."""
+
+    site: _Site
+    values: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def method(self) -> str:
+        return self.site.method
+
+    def location(self) -> Location:
+        return Location(self.site.relpath, self.site.scoped.line, self._caller_name())
+
+    def _caller_name(self) -> str:
+        function = self.site.scoped.function
+        if function is None:
+            return ""
+        return f"{self.site.caller.name}.{function.name}" if self.site.caller else function.name
+
+    def describe(self) -> str:
+        keywords = ", ".join(f"{k}=" for k in self.values) or "no keywords"
+        return f"{self.site.where()} ({self._caller_name()}) passes {keywords}"
+
+
+@dataclass
+class _Run:
+    """One call of the scheduler's into the allocator, and what every level received."""
+
+    entry: _Entry
+    calls: list  # liveoffload.LevelCall, in call order
+    error: BaseException | None = None
+    result: Any = None
+    payload_note: str = ""  # where load_cpu_copy's payload came from, when get_cpu_copy raised
+
+
+class _LiveProbe:
+    """The live half of NPD005 for one deployment: the static graph names the classes and the
+    installed callers' keywords; real objects built on CPU say what happens when they are called.
+
+    For every allocator of the deployment's path and every pool it can hold (the NPU pool of the
+    model's attention family; a composite with the NPU pool below for hybrid and sliding-window
+    models), the allocator is built over the pool with their real constructors, a few token
+    slots are filled with random bits, and the scheduler's two calls are made with exactly the
+    keywords of the installed callers: ``get_cpu_copy``, the slots overwritten, ``load_cpu_copy``.
+    Every level's offload methods are shadowed on the instance by a recorder for the duration
+    (``npudoctor.liveoffload.recording``), so the evidence shows what each level received.
+
+    * A call that does not bind is a ``fail``: the first retraction raises ``TypeError`` there.
+    * A keyword a level received, does not use itself and did not pass to the next level, which
+      accepts it, was dropped: ``fail`` when the next level reads it (what it copies changes),
+      ``warn`` when it only accepts it.
+    * The slots must come back; a copy that raises for another reason after every keyword was
+      delivered is NPD001's property (the round trip) and is reported, not counted; a copy that
+      returns but brings other bits back is a ``warn`` (a signature-only pass must not hide it).
+    * A class of the path that cannot be built on CPU is a ``warn`` with the reason.
+    """
+
+    def __init__(self, graph: _OffloadGraph, facts: Facts):
+        from npudoctor.facts import RoleFacts
+
+        self.graph = graph
+        self.facts = facts
+        self.role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
+
+    def run(
+        self,
+        families: list[str],
+        sliding: bool,
+        hybrid: bool,
+        roles: tuple[str, ...],
+        assumptions: tuple[str, ...],
+    ) -> Probe:
+        from npudoctor import livepools
+
+        path = self.graph.path(families, sliding, hybrid)
+        unrecognised = self.graph._unrecognised(families, path)
+        findings: list[_Finding] = []
+        passed: list[Evidence] = []
+        notes: list[Evidence] = []
+        chains: list[str] = []
+        for allocator, top, sub in self._scenarios(path):
+            chain = " -> ".join(c.name for c in (allocator, top, sub) if c is not None)
+            chains.append(chain)
+            outcome = livepools.in_role(self.role, lambda a=allocator, t=top, s=sub: self._scenario(a, t, s))
+            findings += outcome[0]
+            passed += outcome[1]
+            notes += outcome[2]
+        findings.sort(key=lambda f: -f.status.severity)
+        failing = [f for f in findings if f.status is Status.FAIL]
+        warning = [f for f in findings if f.status is Status.WARN]
+        if failing:
+            status = Status.FAIL
+            summary = f"{_describe(failing)} at the first retraction, live on CPU through {'; '.join(chains)}"
+        elif warning or unrecognised or not chains:
+            status = Status.WARN
+            parts = [text for text, _ in unrecognised]
+            parts += [f"live on CPU: {_describe(warning)}"] if warning else []
+            summary = "; ".join(parts) or "no offload chain of this deployment could be exercised"
+        else:
+            status = Status.PASS
+            keywords = sorted({k for e in self._entries(None) for k in e.values})
+            delivered = f"the keywords the installed callers pass ({', '.join(k + '=' for k in keywords)})"
+            if not keywords:
+                delivered = "the installed callers' calls (they pass no keywords)"
+            summary = f"live on CPU: {delivered} bind and reach every level of {'; '.join(chains)}"
+            if notes:
+                summary += "; the copy itself did not complete (see the evidence: not a signature defect)"
+        evidence = [f.evidence for f in failing + warning] + [e for _, e in unrecognised] + notes + passed
+        return Probe(status, summary, tuple(evidence), assumptions, roles)
+
+    # ----- what to build ---------------------------------------------------------------------------
+    def _scenarios(self, path: _Path) -> list[tuple[ClassInfo, ClassInfo, ClassInfo | None]]:
+        """(allocator, pool it holds, NPU pool below a composite) for every combination of the path."""
+        found = []
+        for allocator in path.allocators:
+            for top in path.tops:
+                for sub in path.subs or [None]:
+                    found.append((allocator, top, sub))
+        return found
+
+    def _scenario(
+        self, allocator_info: ClassInfo, top_info: ClassInfo, sub_info: ClassInfo | None
+    ) -> tuple[list[_Finding], list[Evidence], list[Evidence]]:
+        from npudoctor import liveoffload, livepools
+
+        try:
+            top = self._build_pool(top_info, sub_info)
+            allocator = liveoffload.build_allocator(_live_class(allocator_info), top, self.role)
+        except livepools.CannotBuild as reason:
+            return [self._cannot_build(allocator_info, top_info, sub_info, str(reason))], [], []
+        runs, mismatch, snapshot = self._exercise(allocator, top, self._mamba_index(top))
+        findings, passed, notes = [], [], []
+        for run in runs:
+            found, note = self._judge(run)
+            findings += found
+            notes += note
+            if not found:
+                passed.append(self._delivered(run))
+        if mismatch is not None:
+            findings.append(self._mismatch(allocator, mismatch))
+        elif not notes and not any(r.error for r in runs):
+            passed.append(self._round_trip_ok(allocator, snapshot))
+        findings += self._unreached(runs, sub_info)
+        return findings, passed, notes
+
+    def _build_pool(self, top: ClassInfo, sub: ClassInfo | None) -> Any:
+        from npudoctor import livepools
+
+        if sub is not None:
+            return self._build_composite(top, sub)
+        return livepools.build_pool(_live_class(top), self.facts.model, self.role)
+
+    def _build_composite(self, top: ClassInfo, sub: ClassInfo) -> Any:
+        from npudoctor import livepools
+
+        raise livepools.CannotBuild(
+            f"{top.name} (holding {sub.name}) needs the model's "
+            + ("mamba state config" if "Hybrid" in top.name else "sliding-window layer split")
+            + ", which npudoctor does not build on CPU"
+        )
+
+    def _mamba_index(self, top: Any) -> Any:
+        """The request's mamba slot where the pool holds mamba state (hybrid models), else None:
+        ``Req.mamba_pool_idx`` is None for every other model."""
+        return None
+
+    # ----- the calls -----------------------------------------------------------------------------
+    def _entries(self, mamba_index: Any) -> list[_Entry]:
+        """The scheduler's calls into the allocator, from the installed source, one per distinct
+        keyword set; the values are what a decode server's ``Req`` holds there."""
+        entries, seen = [], set()
+        for site in self.graph.sites:
+            if site.family != ALLOCATOR:
+                continue
+            key = (site.method, site.shape.keywords)
+            if key in seen:
+                continue
+            seen.add(key)
+            values, notes = {}, []
+            for keyword in site.scoped.call.keywords:
+                if keyword.arg is None:
+                    notes.append(f"{site.where()} also spreads **{ast.unparse(keyword.value)}: not exercised")
+                    continue
+                values[keyword.arg], note = _keyword_value(keyword.arg, ast.unparse(keyword.value), mamba_index)
+                notes += [note] if note else []
+            entries.append(_Entry(site, values, notes))
+        return entries
+
+    def _exercise(self, allocator: Any, top: Any, mamba_index: Any) -> tuple[list[_Run], str | None, Any]:
+        """The scheduler's get_cpu_copy, the slots overwritten, its load_cpu_copy; per keyword set."""
+        import torch
+
+        from npudoctor import liveoffload
+
+        page = top.page_size
+        slots = torch.tensor([p * page + (o if o >= 0 else page + o) for p, o in _SLOTS], dtype=torch.int64)
+        slots = slots[(slots > 0) & (slots < top.size)]
+        entries = self._entries(mamba_index)
+        gets = [e for e in entries if e.method == "get_cpu_copy"]
+        loads = [e for e in entries if e.method == "load_cpu_copy"]
+        runs: list[_Run] = []
+        mismatch, snapshot = None, None
+        for index in range(max(len(gets), len(loads))):
+            snapshot = liveoffload.SlotSnapshot.take(allocator, slots, seed=index)
+            saved = None
+            if gets:
+                get = _call(allocator, gets[index % len(gets)], (slots,))
+                runs.append(get)
+                saved = get.result
+                if get.error is not None:
+                    saved, note = _payload_without_keywords(top, slots)
+                    get.payload_note = note
+            snapshot.scramble(allocator)
+            if loads:
+                load = _call(allocator, loads[index % len(loads)], (saved, slots))
+                runs.append(load)
+                if load.error is None and not any(r.error for r in runs) and mismatch is None:
+                    mismatch = snapshot.mismatch(allocator)
+        return runs, mismatch, snapshot
+
+    # ----- judging what happened ------------------------------------------------------------------
+    def _judge(self, run: _Run) -> tuple[list[_Finding], list[Evidence]]:
+        from npudoctor import liveoffload
+
+        findings = [self._refused(run, c) for c in run.calls if c.bind_error]
+        binding, keyword = liveoffload.binding_keyword(run.error) if run.error else (False, None)
+        if binding and not findings:  # refused by a call the recorder does not see (a super() hand-over)
+            findings.append(self._refused_unrecorded(run, keyword))
+        findings += self._drops(run)
+        notes = []
+        if run.error is not None and not binding:
+            notes.append(self._copy_raised(run))
+        return findings, notes
+
+    def _refused(self, run: _Run, call) -> _Finding:
+        from npudoctor import liveoffload
+
+        refused = [k for k in call.keywords if not liveoffload.accepts(call.function, k)]
+        error = str(run.error) if run.error is not None else call.bind_error
+        caller = call.caller or run.entry.location()
+        by = f"{caller.path}:{caller.line} ({caller.symbol})" if call.caller else run.entry.describe()
+        where = call.location()
+        observed = (
+            f"{by} calls {call.resolved} "
+            + (f"({where.path}:{where.line}: def {liveoffload.signature_of(call.function)}) " if where else "")
+            + f"with {call.received()} -> TypeError: {error}; raised at {caller.path}:{caller.line}"
+            + run.payload_note
+            + _LIVE
+        )
+        expected = f"{call.resolved} accepts what its caller passes" + (
+            f", including {', '.join(k + '=' for k in refused)}" if refused else ""
+        )
+        kind = f"TypeError ({', '.join(k + '=' for k in refused)})" if refused else "TypeError"
+        return _Finding(Status.FAIL, Evidence(expected, observed, caller), call.owner.__name__, kind)
+
+    def _refused_unrecorded(self, run: _Run, keyword: str | None) -> _Finding:
+        from npudoctor import liveoffload
+
+        where = liveoffload.raising_location(run.error) or run.entry.location()
+        last = run.calls[-1] if run.calls else None
+        subject = last.owner.__name__ if last else run.entry.method
+        observed = (
+            f"{run.entry.describe()}; {where.path}:{where.line} ({where.symbol}) raised "
+            f"TypeError: {run.error}{_LIVE}"
+        )
+        expected = f"every {run.entry.method} on the chain accepts the keywords passed down to it"
+        kind = f"TypeError ({keyword}=)" if keyword else "TypeError"
+        return _Finding(Status.FAIL, Evidence(expected, observed, where), subject, kind)
+
+    def _drops(self, run: _Run) -> list[_Finding]:
+        """Keywords a level received and neither used nor passed on, while the next level accepts them."""
+        from npudoctor import liveoffload
+
+        findings = []
+        for call in run.calls:
+            if call.parent is None or call.bind_error:
+                continue
+            parent = run.calls[call.parent]
+            for keyword in parent.keywords:
+                if keyword in call.keywords or not liveoffload.accepts(call.function, keyword):
+                    continue
+                if liveoffload.reads(parent.function, keyword) is not False:
+                    continue  # the parent consumes it itself (a composite), or its source is unreadable
+                findings.append(self._drop(run, parent, call, keyword))
+        return findings
+
+    def _drop(self, run: _Run, parent, call, keyword: str) -> _Finding:
+        from npudoctor import liveoffload
+
+        used = liveoffload.reads(call.function, keyword)
+        status = Status.FAIL if used else Status.WARN
+        where = call.caller or parent.location()
+        why = (
+            f"{call.resolved} reads {keyword}, so what it copies changes"
+            if used
+            else f"{call.resolved} accepts {keyword} and ignores it today"
+        )
+        observed = (
+            f"{parent.resolved} received {parent.received()} ({run.entry.site.where()}), never reads "
+            f"{keyword}, and at {where.path}:{where.line} called {call.resolved} with {call.received()}: "
+            f"{keyword}= dropped; {why}{_LIVE}"
+        )
+        evidence = Evidence(f"{parent.resolved} passes {keyword}= on to {call.resolved}", observed, where)
+        note = "" if used else "the next level ignores it today"
+        return _Finding(status, evidence, parent.owner.__name__, f"drops {keyword}=", note)
+
+    def _copy_raised(self, run: _Run) -> Evidence:
+        from npudoctor import liveoffload
+
+        where = liveoffload.raising_location(run.error)
+        levels = "; ".join(f"{c.resolved} received {c.received()}" for c in run.calls)
+        observed = (
+            f"{run.entry.describe()}; every level bound its call ({levels}), then the copy itself raised "
+            f"{type(run.error).__name__}: {run.error}"
+            + (f" at {where.path}:{where.line}" if where else "")
+            + run.payload_note
+            + ": the CPU round trip is NPD001's property, not a signature defect"
+            + _LIVE
+        )
+        return Evidence(
+            f"{run.entry.method} through the real chain with the installed callers' keywords", observed, where
+        )
+
+    def _delivered(self, run: _Run) -> Evidence:
+        levels = "; ".join(
+            f"{c.resolved}"
+            + (f" ({c.location().path}:{c.location().line})" if c.location() else "")
+            + f" received {c.received()}"
+            for c in run.calls
+        )
+        notes = "".join(f"; {n}" for n in run.entry.notes)
+        return Evidence(
+            expected=f"{run.entry.method}: every level receives the keywords its caller passes",
+            observed=f"{run.entry.describe()}; delivered at each level: {levels}{notes}{_LIVE}",
+            location=run.entry.location(),
+        )
+
+    def _round_trip_ok(self, allocator: Any, snapshot: Any) -> Evidence:
+        name = type(allocator).__name__
+        return Evidence(
+            expected=f"{name}: the offloaded token slots come back after get_cpu_copy/load_cpu_copy",
+            observed=(
+                f"{len(snapshot.slots)} token slots of {snapshot.buffers} KV buffer(s) in every layer, "
+                f"offloaded, overwritten and reloaded through {name}: every bit came back{_LIVE}"
+            ),
+        )
+
+    def _mismatch(self, allocator: Any, mismatch: str) -> _Finding:
+        name = type(allocator).__name__
+        evidence = Evidence(
+            expected=f"{name}: the offloaded token slots come back after get_cpu_copy/load_cpu_copy",
+            observed=f"every call bound, but {mismatch}: the chain returns without copying what it was asked{_LIVE}",
+        )
+        return _Finding(Status.WARN, evidence, name, "slots do not come back")
+
+    def _unreached(self, runs: list[_Run], sub: ClassInfo | None) -> list[_Finding]:
+        """A composite's sub-pool the chain never reached: its keywords are unverified."""
+        if sub is None or any(c.owner.__name__ == sub.name for r in runs for c in r.calls):
+            return []
+        evidence = Evidence(
+            expected=f"the offload calls reach {sub.name} below the composite pool",
+            observed=f"no call reached {sub.name}: its keywords could not be verified{_LIVE}",
+        )
+        return [_Finding(Status.WARN, evidence, sub.name, "not reached")]
+
+    def _cannot_build(
+        self, allocator: ClassInfo, top: ClassInfo, sub: ClassInfo | None, reason: str
+    ) -> _Finding:
+        chain = " -> ".join(c.name for c in (allocator, top, sub) if c is not None)
+        evidence = Evidence(
+            expected=f"{chain} built on CPU with this deployment's dimensions",
+            observed=f"cannot build it: {reason}; its keywords are not verified live",
+            location=Location(top.relpath, top.line, top.name),
+        )
+        return _Finding(Status.WARN, evidence, top.name, "not built on CPU")
+
+
+def _live_class(info: ClassInfo) -> type:
+    """The loaded class the static graph names (its module was imported by ``live_imports``)."""
+    import sys
+
+    from npudoctor.livepools import CannotBuild
+
+    module = sys.modules.get(info.module)
+    cls = getattr(module, info.name, None) if module is not None else None
+    if not isinstance(cls, type):
+        raise CannotBuild(f"{info.name} is not loaded from {info.module}")
+    return cls
+
+
+def _call(allocator: Any, entry: _Entry, positional: tuple) -> _Run:
+    """``allocator.<method>(*positional, **entry.values)`` with every level recorded."""
+    from npudoctor import liveoffload
+
+    run = _Run(entry, [])
+    with liveoffload.recording(allocator) as calls:
+        try:
+            run.result = getattr(allocator, entry.method)(*positional, **entry.values)
+        except Exception as error:  # the evidence: what the first retraction would raise
+            run.error = error
+    run.calls = list(calls)
+    return run
+
+
+def _payload_without_keywords(pool: Any, slots: Any) -> tuple[Any, str]:
+    """A payload for load_cpu_copy when the chain's get_cpu_copy raised: the pool's own copy of the
+    slots, called as the allocator's oldest callers did (no keywords)."""
+    try:
+        return pool.get_cpu_copy(slots), (
+            f"; load_cpu_copy's payload came from {type(pool).__name__}.get_cpu_copy(indices) without keywords"
+        )
+    except Exception as error:
+        return None, (
+            f"; load_cpu_copy ran with no payload ({type(pool).__name__}.get_cpu_copy raised "
+            f"{type(error).__name__} without keywords too)"
+        )
+
+
+def _keyword_value(name: str, expression: str, mamba_index: Any) -> tuple[Any, str]:
+    """The value a decode server passes for ``name=<expression>``: the request's mamba slot
+    (None unless the model has mamba state), its row in the request-to-token pool (0 here), or
+    None for a keyword npudoctor has no value for (said in the evidence)."""
+    text = f"{name} {expression}".lower()
+    if "mamba" in text:
+        return mamba_index, ""
+    if "req_pool" in text:
+        return 0, ""
+    return None, f"{name}={expression}: no value known to npudoctor, passed None"
 
 
 CHECK = OffloadSignatures()
