@@ -9,6 +9,7 @@ adding one module to ``npudoctor/checks/`` (the repo's ``checks/``) that defines
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import pkgutil
@@ -73,6 +74,17 @@ class Check:
         """
         static = self.static(target, facts) if depth != "live" else None
         live_probe, live_note = self._live_probe(depth, live)
+        fix_outcome = live.fixes.get(self.id) if live is not None else None
+        if live_probe is not None and fix_outcome == "applied":
+            return self._with_fix(live_probe, static)
+        if fix_outcome is not None:
+            live_note = f"runtime fix {self.id} requested, {fix_outcome}" + (
+                f"; {live_note}" if live_note else ""
+            )
+            if live_probe is not None:
+                live_probe = dataclasses.replace(
+                    live_probe, assumptions=live_probe.assumptions + (live_note,)
+                )
         if live_probe is None:
             if static is None:
                 return self.result(Status.ERROR, Depth.LIVE, f"live depth unavailable: {live_note}")
@@ -119,6 +131,24 @@ class Check:
             live_probe.evidence + static.evidence,
             live_probe.assumptions + static.assumptions,
             live_probe.roles or static.roles,
+        )
+
+    def _with_fix(self, live_probe: Probe, static: Probe | None) -> Result:
+        """The live probe ran on code the runtime fix replaced: its verdict is the deployment's
+        with the fix active; the static depth still reads the installed (unfixed) source."""
+        notes = (
+            f"runtime fix {self.id} was applied in the live run (npudoctor fix / npudoctor run); "
+            "without it, sglang's processes run the installed code",
+        )
+        if static is not None:
+            notes += (f"the installed source, read statically: {static.status.value}: {static.summary}",)
+        return self.result(
+            live_probe.status,
+            Depth.LIVE,
+            f"with runtime fix {self.id}: {live_probe.summary}",
+            live_probe.evidence + (static.evidence if static else ()),
+            live_probe.assumptions + notes,
+            live_probe.roles,
         )
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:

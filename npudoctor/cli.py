@@ -118,6 +118,14 @@ def check(
         list[str] | None,
         typer.Option("--ignore", help="ID or ID:YYYY-MM-DD: accept this check's finding (until the date)."),
     ] = None,
+    with_fix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--with-fix",
+            help="Run the live probes with this runtime fix applied, as `npudoctor run --select ID` would "
+            "(repeatable): shows whether the fix cures the deployment.",
+        ),
+    ] = None,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
     from npudoctor.runner import CheckRequest, run
@@ -146,6 +154,7 @@ def check(
         fail_on=fail_on.value,
         ignore=list(ignore or []),
         today=dt.date.today(),
+        with_fixes=[s for item in (with_fix or []) for s in item.split(",") if s],
     )
     report = run(request, progress=err if err.is_terminal else None)
     _emit(report, output_format.value if output_format else "text", output)

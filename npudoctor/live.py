@@ -43,15 +43,22 @@ class LiveOutcome:
     import_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
+    fixes: dict[str, str] = field(default_factory=dict)  # runtime fix id -> "applied" or why not
 
 
 def run(
-    target: Target, facts: Facts, checks: list[Check], on_step: Callable[[str], None] | None = None
+    target: Target,
+    facts: Facts,
+    checks: list[Check],
+    on_step: Callable[[str], None] | None = None,
+    fixes: dict[str, dict[str, str]] | None = None,
 ) -> LiveOutcome:
     """Run the live probes of ``checks`` against ``target`` in a child interpreter.
 
     ``on_step`` is called (from a reader thread) with each step the child names:
     ``"import"`` while it imports sglang, then the id of each check it probes.
+    ``fixes`` is a plan of runtime fixes (``{id: shape}``, see ``npudoctor.fix.decide``)
+    that the child enables before it imports sglang, as sglang's own processes would.
     """
     ids = [c.id for c in checks]
     if not ids:
@@ -61,7 +68,13 @@ def run(
         env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
-        {"facts": facts, "checks": ids, "sglang_root": str(target.root), "steps_fd": steps_write}
+        {
+            "facts": facts,
+            "checks": ids,
+            "sglang_root": str(target.root),
+            "steps_fd": steps_write,
+            "fixes": fixes or {},
+        }
     )
     reader = threading.Thread(target=_read_steps, args=(steps_read, on_step), daemon=True)
     try:
@@ -106,6 +119,7 @@ def _child() -> int:
     request = pickle.loads(sys.stdin.buffer.read())
     answer = sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever sglang prints must not corrupt the answer
+    from npudoctor import activation
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime, simulated_npu
     from npudoctor.target import discover
@@ -120,6 +134,7 @@ def _child() -> int:
             steps.write(name + "\n")
 
     with simulated_npu():
+        activation.enable(request["fixes"])
         step("import")
         start = time.perf_counter()
         try:
@@ -127,6 +142,10 @@ def _child() -> int:
                 check.live_imports()
         except Exception as error:
             outcome.unavailable = f"sglang does not import here: {type(error).__name__}: {error}"
+        outcome.fixes = {
+            fix_id: activation.outcomes().get(fix_id, "not applied: the probes imported none of its modules")
+            for fix_id in request["fixes"]
+        }
         outcome.import_seconds = time.perf_counter() - start
         outcome.import_rss_mb = _peak_rss_mb()
         if outcome.unavailable is None:

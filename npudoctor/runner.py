@@ -6,6 +6,7 @@ verdict or an exit code lives here, so tests and embedders get the same behaviou
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class CheckRequest:
     fail_on: str = "fail"
     ignore: list[str] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
+    with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
 
 
 def run(request: CheckRequest, progress: Console | None = None) -> Report:
@@ -43,33 +45,35 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
     ignores.validate(entries, {c.id for c in all_checks()})
     target = discover(request.sglang_path)
+    plan, refused = _fix_plan(request, target, deploy.facts)
 
     live_checks = [c for c in checks if c.has_live] if request.depth != "static" else []
-    if progress is not None:
-        with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True
-        ) as bar:
-            task = bar.add_task("checking", total=len(checks))
-            outcome = None
-            if live_checks:
-                titles = {c.id: c.title for c in live_checks}
+    bar = (
+        Progress(SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True)
+        if progress is not None
+        else None
+    )
+    with bar or contextlib.nullcontext():
+        task = bar.add_task("checking", total=len(checks)) if bar else None
+        titles = {c.id: c.title for c in live_checks}
 
-                def live_step(step: str) -> None:
-                    if step == "import":
-                        text = f"live probes: importing sglang {target.version} on CPU ..."
-                    else:
-                        text = f"live probe {step}: {titles.get(step, '')} ..."
-                    bar.update(task, description=text)
+        def live_step(step: str) -> None:
+            if bar is not None:
+                text = (
+                    f"live probes: importing sglang {target.version} on CPU ..."
+                    if step == "import"
+                    else f"live probe {step}: {titles.get(step, '')} ..."
+                )
+                bar.update(task, description=text)
 
-                outcome = live.run(target, deploy.facts, live_checks, live_step)
-
-            def advance(check: Check, _result) -> None:
+        def advance(check: Check, _result) -> None:
+            if bar is not None:
                 bar.update(task, advance=1, description=f"{check.id} done")
 
-            results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
-    else:
-        outcome = live.run(target, deploy.facts, live_checks) if live_checks else None
-        results = run_checks(checks, target, deploy.facts, request.depth, live=outcome)
+        outcome = live.run(target, deploy.facts, live_checks, live_step, plan) if live_checks else None
+        if outcome is not None:
+            outcome.fixes.update(refused)
+        results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
 
     results = ignores.apply(results, entries, request.today)
     return Report(
@@ -80,6 +84,29 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         tool_version=__version__,
         live=_live_summary(outcome),
     )
+
+
+def _fix_plan(request: CheckRequest, target, facts) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
+    if not request.with_fixes:
+        return {}, {}
+    if request.depth == "static":
+        raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
+    from npudoctor.fix import Action, all_fixes, decide
+
+    known = {f.id: f for f in all_fixes()}
+    wanted = [i.strip().upper() for i in request.with_fixes]
+    unknown = [i for i in wanted if i not in known]
+    if unknown:
+        raise InputError(f"--with-fix: no fix for {', '.join(unknown)} (fixes: {', '.join(known)})")
+    plan, refused = {}, {}
+    for fix_id in dict.fromkeys(wanted):
+        decision = decide(known[fix_id], target, facts, allow_unsafe=True)
+        if decision.action is Action.APPLY:
+            plan[fix_id] = decision.shape
+        else:
+            refused[fix_id] = f"{decision.action.value}: {decision.reason}"
+    return plan, refused
 
 
 def _live_summary(outcome: live.LiveOutcome | None) -> dict | None:

@@ -1,0 +1,179 @@
+"""Install the enabled fixes in a running interpreter, and take them out again.
+
+This module runs inside sglang's processes (through the sglang plugin entry point or
+the ``npudoctor run`` bootstrap), so it imports nothing heavy at import time and never
+breaks its host: every failure is written once to stderr and the process goes on
+unpatched. ``NPUDOCTOR_DISABLE_FIXES=1`` turns every fix off.
+
+A *plan* is ``{fix id: shape}`` as ``npudoctor.fix.decide`` accepted it. ``enable(plan)``
+registers a post-import hook (wrapt) on each fix's modules; when the last of them is
+imported, the shape of the imported code is compared with the planned one and, only if
+they are equal, each replaced site is wrapped with ``wrapt.wrap_function_wrapper``.
+``revert()`` removes exactly those wrappers with ``wrapt.unwrap_object``, which restores
+the original attribute where it was defined, or deletes one the fix added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+KILL_SWITCH = "NPUDOCTOR_DISABLE_FIXES"
+RUN_PLAN = "NPUDOCTOR_RUN_PLAN"  # set by `npudoctor run`: path of the plan its bootstrap applies
+
+
+@dataclass
+class _Installed:
+    """The wrappers one fix installed: (owner, attribute, wrapt handle)."""
+
+    fix_id: str
+    wrappers: list[tuple[Any, str, Any]] = field(default_factory=list)
+
+
+_lock = threading.RLock()
+_installed: dict[str, _Installed] = {}
+_outcomes: dict[str, str] = {}  # fix id -> "applied" or why not
+_said: set[str] = set()
+
+
+def disabled() -> bool:
+    return os.environ.get(KILL_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def say_once(message: str) -> None:
+    """One line on stderr per distinct message and process; never raises."""
+    if message in _said:
+        return
+    _said.add(message)
+    with contextlib.suppress(Exception):  # a closed stderr must not break the host either
+        sys.stderr.write(f"npudoctor: {message}\n")
+
+
+def enable(plan: dict[str, dict[str, str]]) -> None:
+    """Arm every fix of ``plan``: it is applied as soon as its sglang modules are imported."""
+    if disabled():
+        say_once(f"{KILL_SWITCH} is set: no runtime fix is applied")
+        return
+    try:
+        import wrapt
+    except Exception as error:
+        say_once(f"runtime fixes not applied: wrapt does not import ({error})")
+        return
+    for fix_id, shape in plan.items():
+        # the sites are "module:Qual.name": the modules come from the plan, no fix module is
+        # imported before sglang is
+        modules = tuple(dict.fromkeys(site.partition(":")[0] for site in shape))
+        for module in modules:
+            wrapt.register_post_import_hook(_hook(fix_id, shape, modules), module)
+
+
+def outcomes() -> dict[str, str]:
+    """What became of each fix enabled in this process so far."""
+    return dict(_outcomes)
+
+
+def applied() -> list[str]:
+    return sorted(_installed)
+
+
+def revert(fix_ids: list[str] | None = None) -> list[str]:
+    """Remove the wrappers of ``fix_ids`` (all by default); returns the ids reverted."""
+    import wrapt
+
+    done = []
+    with _lock:
+        for fix_id in list(fix_ids or _installed):
+            installed = _installed.pop(fix_id, None)
+            if installed is None:
+                continue
+            for owner, name, handle in reversed(installed.wrappers):
+                wrapt.unwrap_object(owner, name, handle, missing_ok=True)
+            _outcomes[fix_id] = "reverted"
+            done.append(fix_id)
+    return done
+
+
+def sglang_plugin() -> None:
+    """Entry point of the ``sglang.srt.plugins`` group: enable what ``npudoctor fix --apply`` recorded."""
+    try:
+        from npudoctor.registration import read_plan
+
+        enable(read_plan())
+    except Exception as error:
+        say_once(f"runtime fixes not applied: {type(error).__name__}: {error}")
+
+
+def bootstrap() -> None:
+    """Called by the ``sitecustomize`` of ``npudoctor run``: enable the plan it was started with."""
+    path = os.environ.get(RUN_PLAN)
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as handle:
+            plan = json.load(handle)["fixes"]
+        enable(plan)
+    except Exception as error:
+        say_once(f"runtime fixes not applied: cannot read {path}: {type(error).__name__}: {error}")
+
+
+def _hook(fix_id: str, shape: dict[str, str], modules: tuple[str, ...]):
+    def on_import(_module: Any) -> None:
+        if all(name in sys.modules for name in modules):
+            try:
+                _apply(fix_id, shape)
+            except Exception as error:  # never break the import that triggered us
+                _outcomes[fix_id] = f"failed: {type(error).__name__}: {error}"
+                say_once(f"{fix_id} not applied: {type(error).__name__}: {error}")
+
+    return on_import
+
+
+def _apply(fix_id: str, shape: dict[str, str]) -> None:
+    import wrapt
+
+    from npudoctor.fix import Site, fix_by_id
+
+    with _lock:
+        if fix_id in _installed:
+            return  # idempotent: already in place in this process
+        fix = fix_by_id(fix_id)
+        current = fix.shape_of_modules()
+        if current != shape:
+            changed = sorted(site for site in shape if current.get(site) != shape[site])
+            _outcomes[fix_id] = (
+                f"refused: the imported code changed since the fix was planned ({', '.join(changed)})"
+            )
+            say_once(f"{fix_id} not applied: {_outcomes[fix_id]}")
+            return
+        installed = _Installed(fix_id)
+        try:
+            for site_text, replacement in fix.implementations().items():
+                site = Site.parse(site_text)
+                owner_path, _, name = site.qualname.rpartition(".")
+                owner = sys.modules[site.module]
+                for part in owner_path.split(".") if owner_path else ():
+                    owner = getattr(owner, part)
+                handle = wrapt.wrap_function_wrapper(owner, name, _replacing(replacement))
+                installed.wrappers.append((owner, name, handle))
+        except Exception:
+            for owner, name, handle in reversed(installed.wrappers):
+                wrapt.unwrap_object(owner, name, handle, missing_ok=True)
+            raise
+        _installed[fix_id] = installed
+        _outcomes[fix_id] = "applied"
+
+
+def _replacing(replacement):
+    """A wrapt wrapper that calls the fixed implementation instead of the wrapped one."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if instance is None:  # called through the class: Cls.method(obj, ...)
+            return replacement(*args, **kwargs)
+        return replacement(instance, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,257 @@
+"""The ``Fix`` base class: an upstream fix ported as a runtime override, and when to apply it.
+
+A fix is the runtime side of one check (same id, one module in ``npudoctor/fixes/``, the
+repo's ``fixes/``, defining ``FIX = SomeFix()``). It names the functions it replaces
+(``replaces``) and the code its replacements rely on (``anchors``), the upstream pull
+request it ports and its safety. Before anything is patched, ``decide`` asks two
+questions of the target:
+
+1. does the target have the defect? The fix's own check must say ``fail`` at the static
+   depth for the deployment (a release without the defect gets no patch: "not needed");
+2. is the code the shape the fix was written for? The *shape* is a fingerprint of every
+   replaced and anchor function as the target resolves it (through the class MRO, so an
+   inherited method counts), hashed from its normalised ``ast`` (formatting, comments
+   and docstrings do not count). It must equal the shape of a release the fix was
+   written and tested against (``written_for``); any other shape is refused with the
+   functions that differ.
+
+The processes that patch (sglang plugin, ``npudoctor run`` bootstrap, the live child)
+recompute the shape from the imported code and patch only if it still equals the one
+``decide`` accepted, so an sglang upgraded after ``npudoctor fix --apply`` is left alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import hashlib
+import importlib
+import inspect
+import pkgutil
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from npudoctor.check import Check
+    from npudoctor.facts import Facts
+    from npudoctor.source import SourceTree
+    from npudoctor.target import Target
+
+MISSING = "missing"  # the shape of a site that does not exist in the target
+
+
+class Safety(str, enum.Enum):
+    SAFE = "safe"  # only adds a missing method or widens a signature
+    UNSAFE = "unsafe"  # changes the behaviour of code that runs today
+
+
+@dataclass(frozen=True)
+class Site:
+    """``module:Qual.name``: a module-level function or a class attribute, resolved through the MRO."""
+
+    module: str
+    qualname: str
+
+    @classmethod
+    def parse(cls, text: str) -> Site:
+        module, _, qualname = text.partition(":")
+        return cls(module, qualname)
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+
+class Fix:
+    """Base of every fix. Subclasses set the metadata and ``implementations``."""
+
+    id: ClassVar[str]
+    title: ClassVar[str]
+    upstream: ClassVar[str]  # the pull request the replacements port
+    safety: ClassVar[Safety]
+    replaces: ClassVar[tuple[str, ...]]  # "module:Class.method" sites the fix installs
+    anchors: ClassVar[tuple[str, ...]] = ()  # further sites the replacements rely on (fingerprinted only)
+    # release -> {site: shape}: the code each release ships, read from the real wheels.
+    written_for: ClassVar[dict[str, dict[str, str]]]
+
+    def implementations(self) -> dict[str, Callable]:
+        """``{site: replacement}`` for every site in ``replaces``; called in the patching process."""
+        raise NotImplementedError
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return tuple(Site.parse(s) for s in self.replaces + self.anchors)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.module for s in self.sites))
+
+    @property
+    def check(self) -> Check:
+        from npudoctor.check import all_checks
+
+        return next(c for c in all_checks() if c.id == self.id)
+
+    def shape_of_source(self, tree: SourceTree) -> dict[str, str]:
+        """The shape of every site as the target's source files define it (no import)."""
+        return {str(site): _static_shape(tree, site) for site in self.sites}
+
+    def shape_of_modules(self) -> dict[str, str]:
+        """The shape of every site as the imported modules define it (in the patching process)."""
+        return {str(site): _live_shape(site) for site in self.sites}
+
+    def known_release(self, shape: dict[str, str]) -> str | None:
+        """The releases whose code has exactly this shape, if any."""
+        matches = [release for release, known in self.written_for.items() if known == shape]
+        return ", ".join(matches) if matches else None
+
+    def differences(self, shape: dict[str, str]) -> list[str]:
+        """Sites whose shape matches no release this fix was written for."""
+        return [
+            site
+            for site, value in shape.items()
+            if all(known.get(site) != value for known in self.written_for.values())
+        ]
+
+
+class Action(str, enum.Enum):
+    APPLY = "apply"
+    NOT_NEEDED = "not needed"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``npudoctor fix`` would do with one fix on this target, and why."""
+
+    fix_id: str
+    action: Action
+    reason: str
+    shape: dict[str, str]
+    release: str | None = None  # the release whose shape matched
+
+
+def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
+    """Apply only where the check finds the defect and the code is a shape the fix knows."""
+    from npudoctor.results import Status
+
+    result = fix.check.run(target, facts, depth="static")
+    if result.status in (Status.PASS, Status.SKIP):
+        return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
+    if result.status is not Status.FAIL:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} could not confirm the defect ({result.status.value}: {result.summary})",
+            {},
+        )
+    shape = fix.shape_of_source(target.tree)
+    release = fix.known_release(shape)
+    if release is None:
+        differing = fix.differences(shape) or sorted(shape)
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "the installed code is not a shape this fix was written for: "
+            + ", ".join(f"{site} ({shape[site]})" for site in differing)
+            + f" differ from sglang {', '.join(fix.written_for)}",
+            shape,
+        )
+    if fix.safety is Safety.UNSAFE and not allow_unsafe:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "changes behaviour of running code (unsafe): pass --unsafe to apply it",
+            shape,
+            release,
+        )
+    return Decision(fix.id, Action.APPLY, f"{fix.id} fails here: {result.summary}", shape, release)
+
+
+def all_fixes() -> list[Fix]:
+    """Every fix module in ``npudoctor.fixes``, ordered by id."""
+    from npudoctor import fixes as package
+
+    found: dict[str, Fix] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        fix = getattr(module, "FIX", None)
+        if isinstance(fix, Fix):
+            if fix.id in found:
+                raise RuntimeError(f"duplicate fix id {fix.id} in {info.name}")
+            found[fix.id] = fix
+    return [found[key] for key in sorted(found)]
+
+
+def fix_by_id(fix_id: str) -> Fix:
+    """The fix with this id, importing only its own module (``npdXXX_*``)."""
+    from npudoctor import fixes as package
+
+    prefix = fix_id.lower() + "_"
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith(prefix):
+            fix = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "FIX", None)
+            if isinstance(fix, Fix) and fix.id == fix_id:
+                return fix
+    raise KeyError(f"no fix module for {fix_id}")
+
+
+def shape_of_node(node: ast.AST) -> str:
+    """A short hash of a function's normalised ``ast``: no positions, comments or docstring."""
+    node = _without_docstring(node)
+    return hashlib.sha256(ast.dump(node, include_attributes=False).encode()).hexdigest()[:16]
+
+
+def _without_docstring(node: ast.AST) -> ast.AST:
+    body = getattr(node, "body", None)
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        node = ast.parse(ast.unparse(node)).body[0]  # a copy, the tree's node stays intact
+        node.body = node.body[1:] or [ast.Pass()]
+    return node
+
+
+def _static_shape(tree: SourceTree, site: Site) -> str:
+    path = tree.module_path(site.module)
+    if path is None:
+        return MISSING
+    owner, _, name = site.qualname.rpartition(".")
+    if not owner:
+        module = tree.parse(path)
+        found = [
+            n
+            for n in (module.body if module else [])
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+        ]
+        return shape_of_node(found[-1]) if found else MISSING
+    classes = [c for c in tree.classes_in(path) if c.name == owner]
+    if not classes:
+        return MISSING
+    method = tree.lookup(tree.mro(classes[-1]), name)
+    return shape_of_node(method.node) if method else MISSING
+
+
+def _live_shape(site: Site) -> str:
+    module = sys.modules.get(site.module) or importlib.import_module(site.module)
+    owner, _, name = site.qualname.rpartition(".")
+    scope = module
+    for part in owner.split(".") if owner else ():
+        scope = getattr(scope, part, None)
+        if scope is None:
+            return MISSING
+    if isinstance(scope, type):
+        definer = next((k for k in scope.__mro__ if name in vars(k)), None)
+        function = vars(definer)[name] if definer is not None else None
+    else:
+        function = vars(scope).get(name)
+    function = getattr(function, "__func__", function)
+    if function is None or not inspect.isfunction(function):
+        return MISSING
+    source = textwrap.dedent(inspect.getsource(function))
+    return shape_of_node(ast.parse(source).body[0])
