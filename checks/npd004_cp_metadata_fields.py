@@ -48,15 +48,32 @@ Static probe (the property, not the diff), ``ast`` over the target's files only:
 
 A release with no FIA CP path passes, saying so. A CP path whose metadata classes cannot be
 found, or whose calls cannot be followed, is a ``warn``, never a silent pass.
+
+Live probe (``npudoctor.livecp``), for the same roles as the static one: build the CP
+metadata of a batch of two requests of different lengths (one after a cached prefix) with
+sglang's own preparation, called as the release calls it (the model's
+``prepare_context_parallel_metadata(...)`` call and the ``if`` tests around it, e.g.
+``can_cp_split``; the CP strategy's ``prepare_cp_forward``); where the release admits one
+request per CP batch (0.5.11/0.5.12 ``can_cp_split``), observe that refusal and use one
+request. For each CP rank, run the installed ``do_cp_attn_fia`` on that rank's zigzag share
+of q against a paged KV cache holding every request's full sequence, with the deployment's
+per-rank heads, head dims and page size, on CPU (the FIA kernel is npudoctor's CPU
+reference), and compare every output row with full causal attention computed
+independently. A read of a field the metadata does not define (``AttributeError`` on the
+metadata) or any wrong row is a ``fail`` with the first differing request, token and head;
+what npudoctor cannot set up or the kernel reference does not model is a ``warn``.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import re
+import sys
 from dataclasses import dataclass, field
 
+from npudoctor import livecp
 from npudoctor.check import Check, Probe
 from npudoctor.dataflow import (
     FunctionRef,
@@ -79,7 +96,7 @@ from npudoctor.dataflow import (
     self_attribute_classes,
     subclasses,
 )
-from npudoctor.facts import Facts
+from npudoctor.facts import Facts, RoleFacts, role_facts
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, SourceTree
 from npudoctor.target import Target
@@ -196,6 +213,54 @@ class ContextParallelMetadataFields(Check):
             )
         return Probe(status, summary, tuple(evidence), assumptions, roles)
 
+    def live_imports(self) -> None:
+        livecp.import_modules()
+
+    def live(self, target: Target, facts: Facts) -> Probe:
+        """Run the installed FIA CP attention on CPU, on every CP rank, for a batch of several
+        requests with metadata from sglang's own preparation, and compare with causal attention."""
+        roles, assumptions, reason = _cp_roles(facts)
+        if reason:
+            return Probe(Status.SKIP, reason, assumptions=assumptions)
+        tree = target.tree
+        entries = [f for name in ENTRY_POINTS for f in functions_named(tree, name, under="srt")]
+        if not entries:
+            return _live_without_entry(tree, roles, assumptions)
+        roles, more, reason = _apply_conditions(facts, roles, _call_conditions(tree))
+        assumptions += more
+        if reason:
+            return Probe(Status.SKIP, reason, assumptions=assumptions)
+        live_roles, more = _live_roles(facts, roles)
+        assumptions += more
+        preparations = livecp.find_preparations(tree, facts.model)
+        if not preparations:
+            return Probe(
+                Status.WARN,
+                "cannot tell live: no CP metadata preparation of this release was found",
+                (
+                    Evidence(
+                        expected=f"sglang's CP metadata preparation ({livecp.MODEL_PREPARATION} called from "
+                        f"the model, or {livecp.STRATEGY_PREPARATION}) to build a batch's metadata",
+                        observed="none found under sglang/srt for this model: nothing to run the CP path with",
+                    ),
+                ),
+                assumptions,
+                roles,
+            )
+        verdicts: list[LiveVerdict] = []
+        for role in live_roles:
+            dims = livecp.attention_dims(facts.model, role)
+            for entry in entries:
+                try:
+                    backend, function = livecp.backend_method(entry)
+                except (livecp.CannotProbe, ImportError) as reason:
+                    verdicts.append(LiveVerdict(Status.WARN, _cannot_run(entry, str(reason))))
+                    continue
+                for preparation in preparations:
+                    run = livecp.run_preparation(backend, entry.name, preparation, role, dims)
+                    verdicts.append(_judge_live(run, role, dims, entry, function))
+        return _live_probe(verdicts, entries[0], assumptions, roles)
+
 
 # ----- deployment scope ------------------------------------------------------------------
 def _cp_roles(facts: Facts) -> tuple[tuple[str, ...], tuple[str, ...], str]:
@@ -309,6 +374,232 @@ def _apply_conditions(
             )
         roles = with_fia
     return roles, tuple(assumptions), ""
+
+
+# ----- live probe -------------------------------------------------------------------------
+# The role assumed with no server args: the smallest real CP prefill (attention TP 1 x CP 2).
+ASSUMED_SERVER_ARGS = {
+    "disaggregation_mode": "prefill",
+    "tp_size": 2,
+    "attn_cp_size": 2,
+    "enable_prefill_context_parallel": True,
+    "prefill_cp_mode": "in-seq-split",
+}
+
+
+@dataclass(frozen=True)
+class LiveVerdict:
+    """One (role, entry, preparation) run judged: its status, its evidence, a summary part."""
+
+    status: Status
+    evidence: Evidence
+    summary: str = ""
+    ran: bool = False  # the CP path ran for a batch (pass or fail), not only set-up trouble
+
+
+def _live_roles(facts: Facts, names: tuple[str, ...]) -> tuple[list[RoleFacts], tuple[str, ...]]:
+    """The deployment's roles the static scope kept, or the assumed CP prefill role."""
+    described = [r for r in facts.roles if r.name in names]
+    if described:
+        return described, ()
+    role = role_facts("prefill (assumed)", ASSUMED_SERVER_ARGS, {"ASCEND_USE_FIA": "1"}, facts.model)
+    dims = livecp.attention_dims(facts.model, role)
+    model = (
+        ""
+        if facts.model
+        else f"; no model: {dims.q_heads} q heads / {dims.kv_heads} KV heads x {dims.head_dim}"
+    )
+    return [role], (
+        f"live: ran the assumed prefill role with tp_size {role.tp_size}, attn_cp_size {role.attn_cp_size} "
+        f"(in-seq-split), page size {role.page_size}, ASCEND_USE_FIA=1{model}",
+    )
+
+
+def _live_without_entry(tree: SourceTree, roles: tuple[str, ...], assumptions: tuple[str, ...]) -> Probe:
+    """No FIA CP function in the source: confirm on the imported NPU backend classes."""
+    probe = _no_entry(tree, roles, assumptions)
+    if probe.status is not Status.PASS:
+        return probe
+    loaded = [
+        cls
+        for name, module in list(sys.modules.items())
+        if name.startswith("sglang.") and "npu" in name
+        for cls in vars(module).values()
+        if isinstance(cls, type) and cls.__module__ == name and "Backend" in cls.__name__
+    ]
+    having = [c for c in loaded if any(hasattr(c, e) for e in ENTRY_POINTS)]
+    if having:
+        return Probe(
+            Status.WARN,
+            f"static and live see different code: {having[0].__name__} has {'/'.join(ENTRY_POINTS)} once imported",
+            probe.evidence,
+            assumptions,
+            roles,
+        )
+    names = ", ".join(sorted({c.__name__ for c in loaded})) or "none"
+    observed = (
+        probe.evidence[0].observed + f"; live: the imported NPU backend classes ({names}) have none either"
+    )
+    return Probe(
+        Status.PASS,
+        probe.summary,
+        (dataclasses.replace(probe.evidence[0], observed=observed),),
+        assumptions,
+        roles,
+    )
+
+
+def _cannot_run(entry: FunctionRef, reason: str, location: Location | None = None) -> Evidence:
+    return Evidence(
+        expected=f"to run the installed {entry.qualname} on CPU",
+        observed=f"could not (live): {reason}",
+        location=location or Location(entry.relpath, entry.line, entry.qualname),
+    )
+
+
+def _batch_text(run: livecp.PreparationRun, dims: livecp.AttentionDims) -> str:
+    ranks = ", ".join(str(r) for r in range(dims.cp_size))
+    return f"batch of {livecp.describe(run.batch)}, CP ranks {ranks} of {dims.cp_size}, {dims}"
+
+
+def _refusal_text(run: livecp.PreparationRun) -> str:
+    if not run.refused_several:
+        return ""
+    gates = "; ".join(f"`{c.text}` ({c.location.path}:{c.location.line})" for c in run.refused_several)
+    return (
+        f". {gates} refused a batch of {len(livecp.SEVERAL)} requests (live): this release admits one "
+        f"request per CP batch, so the batch probed is one request"
+    )
+
+
+def _judge_live(
+    run: livecp.PreparationRun,
+    role: RoleFacts,
+    dims: livecp.AttentionDims,
+    entry: FunctionRef,
+    function: object,
+) -> LiveVerdict:
+    """A run's ranks -> pass (every row right), fail (a wrong row or a defect exception) or warn."""
+    preparation = run.preparation
+    if run.not_reached:
+        gates = "; ".join(f"`{c.text}` ({c.location.path}:{c.location.line})" for c in run.not_reached)
+        return LiveVerdict(
+            Status.SKIP,
+            Evidence(
+                expected=f"{preparation} to build CP metadata for role {role.name}",
+                observed=f"not used for this role (live): {gates} is false even for one request",
+                location=preparation.location,
+            ),
+        )
+    where = f"role {role.name}, metadata from {preparation}, {_batch_text(run, dims)}"
+    failed = [r for r in run.ranks if r.mismatch is not None or r.failure is not None]
+    if not failed:
+        worst = max(r.max_error for r in run.ranks)
+        rows = sum(r.rows for r in run.ranks)
+        return LiveVerdict(
+            Status.PASS,
+            Evidence(
+                expected=f"{entry.qualname} gives every request, zigzag block and head the output of full causal "
+                f"attention over the request's whole sequence (max abs error <= {livecp.TOLERANCE:g}; float32 "
+                "inputs, float64 reference)",
+                observed=f"live, CPU: {where}: every output row of every rank matches; max abs error {worst:.1e} "
+                f"over {rows} rows" + _refusal_text(run),
+                location=livecp.code_location(function),
+            ),
+            f"batch of {len(run.batch)} request{'s' if len(run.batch) > 1 else ''}, max abs error {worst:.1e}",
+            ran=True,
+        )
+    first = failed[0]
+    also = [r.rank for r in failed[1:]]
+    also_text = f"; {'rank' if len(also) == 1 else 'ranks'} {', '.join(map(str, also))} too" if also else ""
+    if first.mismatch is not None:
+        return _mismatch_verdict(run, first, entry, function, where, also_text)
+    failure = first.failure
+    defect = failure.stage == "attention" and (
+        failure.on_metadata or failure.kind not in ("AttributeError", "NotImplementedError", "CannotProbe")
+    )
+    if not defect:
+        return LiveVerdict(
+            Status.WARN,
+            _cannot_run(
+                entry,
+                f"{failure} during the {failure.stage} (CP rank {first.rank}; {where}){also_text}",
+                failure.location,
+            ),
+            f"cannot tell: {failure.kind} during the {failure.stage}",
+        )
+    what = (
+        f"reads only fields the CP metadata built by {preparation.name} defines"
+        if failure.on_metadata
+        else "runs for this batch"
+    )
+    return LiveVerdict(
+        Status.FAIL,
+        Evidence(
+            expected=f"{entry.qualname} {what}",
+            observed=f"{failure} (live, CPU, CP rank {first.rank}; {where}){also_text}",
+            location=failure.location,
+        ),
+        f"{failure.kind}: {failure.message}",
+        ran=True,
+    )
+
+
+def _mismatch_verdict(
+    run: livecp.PreparationRun,
+    rank: livecp.RankResult,
+    entry: FunctionRef,
+    function: object,
+    where: str,
+    also_text: str,
+) -> LiveVerdict:
+    m = rank.mismatch
+    request = run.batch[m.request]
+    return LiveVerdict(
+        Status.FAIL,
+        Evidence(
+            expected=f"request {m.request} ({request}) on CP rank {rank.rank}, zigzag block {m.block}, token at "
+            f"position {m.position}, head {m.head}: {m.expected:.6f}, as full causal attention gives",
+            observed=f"{entry.qualname} gave {m.got:.6f} (live, CPU); {m.wrong_rows} of {m.rows} rows of that "
+            f"rank differ by more than {livecp.TOLERANCE:g} (max abs error {rank.max_error:.3g}); {where}"
+            + also_text
+            + _refusal_text(run),
+            location=livecp.code_location(function),
+        ),
+        f"wrong attention for request {m.request} on CP rank {rank.rank} (max abs error {rank.max_error:.3g})",
+        ran=True,
+    )
+
+
+def _live_probe(
+    verdicts: list[LiveVerdict], entry: FunctionRef, assumptions: tuple[str, ...], roles: tuple[str, ...]
+) -> Probe:
+    evidence = tuple(v.evidence for v in verdicts)
+    statuses = {v.status for v in verdicts}
+    if Status.FAIL in statuses:
+        parts = list(dict.fromkeys(v.summary for v in verdicts if v.status is Status.FAIL))
+        return Probe(
+            Status.FAIL,
+            f"live: the FIA context-parallel attention path fails for a CP batch: {'; '.join(parts)}",
+            evidence,
+            assumptions,
+            roles,
+        )
+    if Status.WARN in statuses or not any(v.ran for v in verdicts):
+        parts = [v.summary for v in verdicts if v.status is Status.WARN] or [
+            "no CP metadata preparation admitted a batch for this deployment"
+        ]
+        return Probe(
+            Status.WARN, f"cannot tell live: {'; '.join(dict.fromkeys(parts))}", evidence, assumptions, roles
+        )
+    parts = list(dict.fromkeys(v.summary for v in verdicts if v.status is Status.PASS))
+    return Probe(
+        Status.PASS,
+        f"live: {entry.qualname} computes full causal attention on every CP rank ({'; '.join(parts)})",
+        evidence,
+        assumptions,
+        roles,
+    )
 
 
 def _no_entry(tree: SourceTree, roles: tuple[str, ...], assumptions: tuple[str, ...]) -> Probe:

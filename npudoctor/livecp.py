@@ -1,0 +1,987 @@
+"""Run the installed NPU FIA context-parallel attention on CPU, for NPD004's live probe.
+
+NPD004 asks whether ``AscendAttnBackend.do_cp_attn_fia`` (the FIA context-parallel prefill
+attention for non-MLA models) computes the right attention for a batch of several requests
+(sglang#26705: it read scalar fields the CP metadata had dropped and split q at its midpoint).
+This module answers with data, the way one CP prefill would run on each CP rank:
+
+1. **The metadata comes from sglang's own preparation**, called the way the release calls it:
+   ``prepare_context_parallel_metadata`` (``layers/utils/cp_utils.py``, 0.5.11-0.5.15) by
+   evaluating the model's own call expression and the ``if`` tests around it (the model file
+   of the deployment's architecture, e.g. ``models/qwen3_moe.py``: ``can_cp_split(...)``
+   and the call's arguments), and ``prepare_cp_forward`` (``layers/cp/utils.py``, the CP
+   strategy of 0.5.15+: ``get_cp_strategy().build_metadata``) after its own ``assert``
+   preconditions. A precondition that refuses a batch of several requests is recorded
+   (0.5.11/0.5.12 admit one request per CP batch) and the batch shrinks to one request.
+2. **Each CP rank's local q** is taken from the full batch exactly as the zigzag layout
+   puts it, from the metadata's own ``split_list``/``zigzag_index`` (all requests' prev
+   blocks, then all requests' next blocks), and padded to the rank's physical length
+   where the metadata names one (0.5.23 ``per_rank_actual_token``).
+3. **The KV cache** is paged with the deployment's page size and holds each request's
+   full gathered sequence (cached prefix + extend tokens) in shuffled pages, with random
+   garbage everywhere else; the block table has one row per request.
+4. **The installed method runs** on an ``AscendAttnBackend`` made without its heavy
+   ``__init__`` (``object.__new__`` + the attributes the path reads: ``page_size``,
+   ``forward_metadata.block_tables``, ``fia_mask``, ``device``) with a layer carrying the
+   deployment's per-rank head counts and dims, under ``npu_runtime()`` (CPU reference of
+   ``npu_fused_infer_attention_score``) and ``accelerator_on_cpu()``.
+5. **Every output row is compared** with full causal attention computed independently
+   here (float64, plain torch) for the token the row belongs to.
+
+Nothing here decides a verdict; ``checks/npd004_cp_metadata_fields.py`` turns the
+outcomes into evidence.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from npudoctor.dataflow import FunctionRef, calls_to, enclosing_tests, functions_named
+from npudoctor.facts import ModelFacts, RoleFacts
+from npudoctor.results import Location
+from npudoctor.source import SourceTree
+
+T = TypeVar("T")
+
+# The model-level preparation (0.5.11-0.5.15) and the CP-strategy preparation (0.5.15+).
+MODEL_PREPARATION = "prepare_context_parallel_metadata"
+STRATEGY_PREPARATION = "prepare_cp_forward"
+# 0.5.15 runs prepare_cp_forward only with this switch on (sglang turns it on by itself for
+# its CP-v2 model classes, server_args._handle_context_parallelism); 0.5.2x ignores it.
+CP_V2_SWITCH = {"SGLANG_ENABLE_CP_V2": "1"}
+# The legacy --prefill-cp-mode values and the CP strategies they select
+# (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
+LEGACY_CP_MODES = {"in-seq-split": "zigzag", "round-robin-split": "interleave"}
+# Max abs difference allowed between the path's output and the float64 reference (float32 inputs).
+TOLERANCE = 1e-4
+# sglang's FIA mask length (AscendAttnMaskBuilder: fia_mask_len = 2048).
+FIA_MASK_LEN = 2048
+_MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
+_UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
+
+
+# Modules the live depth imports up front; an import failure of an optional one is kept here.
+BACKEND_MODULE = "sglang.srt.hardware_backend.npu.attention.ascend_backend"
+IMPORT_ERRORS: dict[str, str] = {}
+
+
+class CannotProbe(Exception):
+    """Something the probe needs is not there in a shape npudoctor recognises (not a defect)."""
+
+
+# ----- the batch ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One request of a CP extend batch: ``prefix`` tokens already cached, ``extend`` new ones."""
+
+    prefix: int
+    extend: int
+
+    @property
+    def total(self) -> int:
+        return self.prefix + self.extend
+
+    def __str__(self) -> str:
+        return f"{self.extend} tokens" + (
+            f" after a cached {self.prefix}-token prefix" if self.prefix else ""
+        )
+
+
+# Two requests of different lengths, block sizes with remainders (45 = 12+11+11+11 for 2 CP
+# ranks), the second after a radix-cache hit and spanning several 128-token pages.
+SEVERAL = (Request(prefix=0, extend=45), Request(prefix=133, extend=158))
+# For releases whose preparation admits one request per CP batch: the one with the prefix.
+ONE = (Request(prefix=133, extend=158),)
+
+
+def describe(batch: tuple[Request, ...]) -> str:
+    noun = "request" if len(batch) == 1 else "requests"
+    return f"{len(batch)} {noun} ({'; '.join(str(r) for r in batch)})"
+
+
+# ----- the deployment's attention layer on one rank -----------------------------------------
+@dataclass(frozen=True)
+class AttentionDims:
+    """Per-rank attention sizes of one role: what ``RadixAttention`` holds in the real server."""
+
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    page_size: int
+    cp_size: int
+    attn_tp_size: int
+
+    @property
+    def scaling(self) -> float:
+        return self.head_dim**-0.5
+
+    def __str__(self) -> str:
+        return (
+            f"{self.q_heads} q heads / {self.kv_heads} KV heads x {self.head_dim} per rank "
+            f"(attention TP {self.attn_tp_size}), page size {self.page_size}"
+        )
+
+
+def attention_dims(model: ModelFacts | None, role: RoleFacts) -> AttentionDims:
+    """Heads per attention-TP rank: sglang splits tp_size into attention DP x CP x TP
+    (``dp_attention.compute_dp_attention_world_info``: attn_tp = tp / attn_dp / attn_cp);
+    KV heads are replicated when there are fewer than attention-TP ranks."""
+    dp_attention = str(role.server_args.get("enable_dp_attention", "")).lower() in ("true", "1")
+    attn_dp = role.dp_size if dp_attention else 1
+    attn_tp = max(1, role.tp_size // attn_dp // max(1, role.attn_cp_size))
+    heads = model.num_heads if model else 32
+    kv_heads = model.num_kv_heads if model else 4
+    return AttentionDims(
+        q_heads=max(1, heads // attn_tp),
+        kv_heads=max(1, kv_heads // attn_tp),
+        head_dim=model.head_dim if model else 128,
+        v_head_dim=model.v_head_dim if model else 128,
+        page_size=role.page_size,
+        cp_size=role.attn_cp_size,
+        attn_tp_size=attn_tp,
+    )
+
+
+# ----- tensors and the independent reference ----------------------------------------------
+@dataclass
+class Workload:
+    """The batch's q (all extend tokens, batch order), its paged KV cache, and the reference output."""
+
+    batch: tuple[Request, ...]
+    dims: AttentionDims
+    q: torch.Tensor  # (T, Hq, D), T = sum of extend lengths
+    k_cache: torch.Tensor  # (slots, Hkv, D)
+    v_cache: torch.Tensor  # (slots, Hkv, Dv)
+    block_tables: torch.Tensor  # (bs, pages) int32
+    expected: torch.Tensor  # (T, Hq, Dv) float64
+    request_of: list[int]  # extend token -> request index
+    position_of: list[int]  # extend token -> position in its request's full sequence
+
+    @property
+    def pages(self) -> int:
+        return int((self.block_tables > 0).sum())
+
+
+def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> Workload:
+    generator = torch.Generator().manual_seed(seed)
+    page = dims.page_size
+    pages_per_request = [-(-r.total // page) for r in batch]
+    total_pages = 1 + sum(pages_per_request)  # page 0 is sglang's reserved padding page
+    order = (torch.randperm(total_pages - 1, generator=generator) + 1).tolist()
+    width = max(pages_per_request)
+    block_tables = torch.zeros(len(batch), width, dtype=torch.int32)
+    slots = total_pages * page
+    # garbage where no request's KV lives: a read outside a request's pages shows
+    k_cache = 10 * torch.randn(slots, dims.kv_heads, dims.head_dim, generator=generator)
+    v_cache = 10 * torch.randn(slots, dims.kv_heads, dims.v_head_dim, generator=generator)
+    queries, expected, request_of, position_of = [], [], [], []
+    for index, request in enumerate(batch):
+        own = [order.pop() for _ in range(pages_per_request[index])]
+        block_tables[index, : len(own)] = torch.tensor(own, dtype=torch.int32)
+        token_slots = torch.tensor([own[j // page] * page + j % page for j in range(request.total)])
+        keys = torch.randn(request.total, dims.kv_heads, dims.head_dim, generator=generator)
+        values = torch.randn(request.total, dims.kv_heads, dims.v_head_dim, generator=generator)
+        k_cache[token_slots] = keys
+        v_cache[token_slots] = values
+        q = torch.randn(request.extend, dims.q_heads, dims.head_dim, generator=generator)
+        queries.append(q)
+        expected.append(causal_attention(q, keys, values, request.prefix, dims.scaling))
+        request_of += [index] * request.extend
+        position_of += range(request.prefix, request.total)
+    return Workload(
+        batch,
+        dims,
+        torch.cat(queries),
+        k_cache,
+        v_cache,
+        block_tables,
+        torch.cat(expected),
+        request_of,
+        position_of,
+    )
+
+
+def causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int, scale: float
+) -> torch.Tensor:
+    """Full causal attention of one request in float64: query ``i`` (position ``prefix + i``)
+    sees keys ``0..prefix + i``; query head ``h`` reads KV head ``h // (Hq / Hkv)``."""
+    group = q.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, dim=1)
+    v = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    visible = torch.arange(k.shape[0])[None, :] <= (prefix + torch.arange(q.shape[0]))[:, None]
+    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+# ----- the simulated device -------------------------------------------------------------------
+_FACTORIES = ("tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange")
+
+
+def _host(device: Any) -> Any:
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    return "cpu" if kind in ("cuda", "npu") else device
+
+
+@contextlib.contextmanager
+def accelerator_on_cpu() -> Iterator[None]:
+    """Tensors sglang puts on ``"cuda"``/``"npu"`` land on the CPU.
+
+    On Ascend, sglang's ``init_npu_backend`` imports ``torch_npu.contrib.transfer_to_npu``
+    (``hardware_backend/npu/utils.py``), which maps the CUDA device sglang's shared code
+    names (``device="cuda"`` in cp_utils) to the NPU. On this host the simulated NPU is the
+    CPU, so the same mapping goes to ``cpu``. Restored afterwards.
+    """
+    saved = {name: getattr(torch, name) for name in _FACTORIES}
+    saved_to = torch.Tensor.__dict__.get("to")
+    saved_cuda = torch.Tensor.__dict__.get("cuda")
+
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_host(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("device") is not None:
+                kwargs["device"] = _host(kwargs["device"])
+            return original(*args, **kwargs)
+
+        return on_host
+
+    tensor_to = torch._C.TensorBase.to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and isinstance(args[0], (str, torch.device)):
+            args = (_host(args[0]), *args[1:])
+        if kwargs.get("device") is not None:
+            kwargs["device"] = _host(kwargs["device"])
+        return tensor_to(self, *args, **kwargs)
+
+    for name, original in saved.items():
+        setattr(torch, name, factory(original))
+    torch.Tensor.to = to  # type: ignore[method-assign]
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch, name, original)
+        for name, value in (("to", saved_to), ("cuda", saved_cuda)):
+            if value is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, value)
+
+
+# ----- the role's process state ------------------------------------------------------------
+def dataclass_instance(cls: type, values: dict[str, Any]) -> Any:
+    """An instance of dataclass ``cls`` without running ``__init__``/``__post_init__``: every
+    field with a default gets it, ``values`` (only names that are fields) override them.
+    A field with no default that is not given stays unset, so a read of it raises."""
+    instance = object.__new__(cls)
+    names = set()
+    for item in dataclasses.fields(cls):
+        names.add(item.name)
+        if item.default is not dataclasses.MISSING:
+            setattr(instance, item.name, item.default)
+        elif item.default_factory is not dataclasses.MISSING:
+            setattr(instance, item.name, item.default_factory())
+    for name, value in values.items():
+        if name in names:
+            setattr(instance, name, value)
+    return instance
+
+
+def cp_strategy_name(role: RoleFacts) -> str:
+    """The CP strategy the role selects: ``cp_strategy``, or the legacy ``prefill_cp_mode``."""
+    chosen = role.server_args.get("cp_strategy")
+    if chosen:
+        return str(chosen)
+    return LEGACY_CP_MODES.get(str(role.server_args.get("prefill_cp_mode") or "in-seq-split"), "zigzag")
+
+
+@contextlib.contextmanager
+def published_server_args(role: RoleFacts) -> Iterator[None]:
+    """The role's ``ServerArgs`` published as the scheduler process's global (0.5.11-0.5.15:
+    ``set_global_server_args_for_scheduler``), built from the dataclass defaults and the
+    role's arguments without ``__post_init__`` (which needs a model on disk), with the
+    release's own legacy-CP normalisation where it has one. The previous state is restored.
+    A release whose ``ServerArgs`` is not a dataclass (0.5.2x) reads the runtime context instead."""
+    module = sys.modules.get("sglang.srt.server_args")
+    cls = getattr(module, "ServerArgs", None)
+    publish = getattr(module, "set_global_server_args_for_scheduler", None)
+    if cls is None or publish is None or not dataclasses.is_dataclass(cls):
+        yield
+        return
+    try:
+        previous = module.get_global_server_args()
+    except Exception:  # not published yet (ValueError), or a retired accessor
+        previous = None
+    values = dict(role.server_args)
+    values.setdefault("attn_cp_size", role.attn_cp_size)
+    values.setdefault("page_size", role.page_size)
+    args = dataclass_instance(cls, values)
+    legacy = getattr(args, "_handle_legacy_cp_arguments", None)
+    if callable(legacy):
+        legacy()
+    publish(args)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            publish(previous)
+        elif hasattr(module, "_global_server_args"):
+            module._global_server_args = None
+        else:
+            runtime = sys.modules.get("sglang.srt.runtime_context")
+            reset = getattr(runtime, "reset_context", None)
+            if callable(reset):
+                reset()
+
+
+def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str, Any]:
+    """This CP rank's view of the role's parallel layout (attention TP rank 0)."""
+    return {
+        "attn_cp_rank": rank,
+        "attn_cp_size": dims.cp_size,
+        "attn_tp_rank": 0,
+        "attn_tp_size": dims.attn_tp_size,
+        "attn_dp_rank": 0,
+        "attn_dp_size": 1,
+        "tp_rank": rank * dims.attn_tp_size,
+        "tp_size": role.tp_size,
+        "enable_prefill_cp": role.prefill_context_parallel,
+        "cp_strategy": cp_strategy_name(role),
+        "enable_cp_tp_group_sharing": False,
+        "enable_dp_attention": False,
+    }
+
+
+def with_parallel(values: dict[str, Any], probe: Callable[[], T]) -> T:
+    """Run ``probe`` with the runtime parallel context (0.5.15+ ``runtime_context.get_parallel``)
+    set to ``values``; fields the release does not know are dropped, fields the probed code
+    asks for and ``values`` lacks become single-rank defaults (sizes 1, ranks 0)."""
+    runtime = sys.modules.get("sglang.srt.runtime_context")
+    if runtime is None or not hasattr(runtime, "get_parallel"):
+        return probe()
+    values = dict(values)
+    for _ in range(64):
+        try:
+            with runtime.get_parallel().override(**values):
+                return probe()
+        except (RuntimeError, ValueError) as error:
+            unknown = _UNKNOWN_PARALLEL.search(str(error))
+            missing = _MISSING_PARALLEL.search(str(error))
+            if unknown:
+                names = re.findall(r"'(\w+)'", unknown.group(1))
+                if not names or not any(n in values for n in names):
+                    raise
+                for name in names:
+                    values.pop(name, None)
+            elif missing and missing.group(1) not in values:
+                values[missing.group(1)] = 0 if "rank" in missing.group(1) else 1
+            else:
+                raise
+    raise CannotProbe(f"the runtime parallel context kept asking for more fields: {sorted(values)}")
+
+
+@contextlib.contextmanager
+def sglang_state_restored() -> Iterator[None]:
+    """Module-level state the probed code sets is put back afterwards, so later probes in the
+    same live run see the process as it was: 0.5.15+ ``get_cp_strategy()`` caches the strategy
+    it builds in ``layers/cp/base._STRATEGY``. Globals that changed get their old value back
+    and new ones are removed, except submodules imported meanwhile (their packages keep them)."""
+    before = {
+        name: dict(vars(module))
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "sglang" or name.startswith("sglang."))
+    }
+    try:
+        yield
+    finally:
+        for name, saved in before.items():
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            current = vars(module)
+            for key in [
+                k for k, v in current.items() if k not in saved and not isinstance(v, types.ModuleType)
+            ]:
+                del current[key]
+            for key, value in saved.items():
+                if current.get(key, _ABSENT) is not value:
+                    current[key] = value
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# ----- finding sglang's CP preparations -------------------------------------------------------
+@dataclass(frozen=True)
+class Condition:
+    """An ``if`` test around a preparation call (or an ``assert`` at its top) that must hold."""
+
+    node: ast.expr
+    holds_when: bool  # True: the call is in the body; False: in the else branch
+    location: Location
+
+    @property
+    def text(self) -> str:
+        return ast.unparse(self.node)
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """One way the release builds ``forward_batch.attn_cp_metadata`` for a CP extend.
+
+    ``call`` and ``conditions`` are sglang's own expressions; they are evaluated with the
+    names their module's imports bind (``bindings``: name -> (module, attribute)), so the
+    model module itself is never imported (its import chain pulls the model's kernels)."""
+
+    name: str  # the preparation function
+    filename: str  # the file the expressions come from, so tracebacks name sglang file:line
+    location: Location  # the call (model-level) or the function (strategy)
+    conditions: tuple[Condition, ...]
+    call: ast.expr  # the expression that prepares the metadata
+    bindings: dict[str, tuple[str, str]]
+    env: dict[str, str] = field(default_factory=dict)  # switches this preparation needs
+    assigns: bool = True  # the call's value is the metadata (model-level); else it sets it itself
+
+    def __str__(self) -> str:
+        where = "called at" if self.assigns else "at"
+        return f"{self.name} ({where} {self.location.path}:{self.location.line})"
+
+    @property
+    def modules(self) -> list[str]:
+        return list(dict.fromkeys(module for module, _ in self.bindings.values()))
+
+
+def find_preparations(tree: SourceTree, model: ModelFacts | None) -> list[Preparation]:
+    """Every CP metadata preparation of the release that serves this model's FIA CP path."""
+    return _model_preparations(tree, model) + _strategy_preparations(tree)
+
+
+def import_modules() -> None:
+    """Import the NPU attention backend and the modules the CP preparations' names come from,
+    before any probe: sglang modules decide ``_is_npu = is_npu()`` at import time, and the
+    NPU runtime of the probes (``torch.npu``) must not be there yet. A preparation module
+    that fails to import is recorded in ``IMPORT_ERRORS`` and reported by the probe; the
+    backend module must import."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        return
+    tree = SourceTree(Path(spec.origin).parent)
+    if tree.module_path(BACKEND_MODULE) is not None:
+        importlib.import_module(BACKEND_MODULE)
+    for preparation in find_preparations(tree, None):
+        for module in preparation.modules:
+            try:
+                importlib.import_module(module)
+            except Exception as error:
+                IMPORT_ERRORS[module] = f"{type(error).__name__}: {error}"
+
+
+def _model_preparations(tree: SourceTree, model: ModelFacts | None) -> list[Preparation]:
+    """Calls of the model-level preparation in the model file of the deployment's
+    architecture; with no model, in every model file that is not an MLA model (MLA takes
+    another CP attention path, so it never reaches ``do_cp_attn_fia``)."""
+    calls = calls_to(tree, MODEL_PREPARATION, under="srt/models")
+    architectures = set(model.architectures) if model else set()
+    files = {c.path for name in architectures for c in tree.find_classes(name, under="srt/models")}
+    if files:
+        chosen = [(ref, call) for ref, call in calls if ref.path in files]
+    else:
+        chosen = [(ref, call) for ref, call in calls if b"kv_lora_rank" not in tree.read(ref.path)]
+    found = []
+    for ref, call in chosen:
+        tests = tuple(
+            Condition(node.test, taken, Location(ref.relpath, node.test.lineno, ref.qualname))
+            for node, taken in enclosing_tests(ref.node, call)
+        )
+        local = {a.arg for a in ref.parameters}
+        used = _free_names([call, *(t.node for t in tests)]) - local
+        found.append(
+            Preparation(
+                MODEL_PREPARATION,
+                str(ref.path),
+                Location(ref.relpath, call.lineno, ref.qualname),
+                tests,
+                call,
+                _bindings(tree, ref.path, used),
+            )
+        )
+    return found
+
+
+def _strategy_preparations(tree: SourceTree) -> list[Preparation]:
+    """The CP strategy's batch preparation, called as its runner calls it
+    (``prepare_cp_forward(forward_batch)``), with the ``assert`` tests at its top as conditions."""
+    found = []
+    for ref in functions_named(tree, STRATEGY_PREPARATION, under="srt"):
+        if ref.owner is not None:
+            continue
+        asserts = []
+        for stmt in ref.node.body:
+            if isinstance(stmt, ast.Assert):
+                asserts.append(Condition(stmt.test, True, Location(ref.relpath, stmt.lineno, ref.qualname)))
+            elif not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                break
+        parameter = ref.parameters[0].arg if ref.parameters else "forward_batch"
+        call = ast.parse(f"{ref.name}(forward_batch)", mode="eval").body
+        module = tree.module_name(ref.path)
+        names = _free_names([a.node for a in asserts]) - {parameter}
+        bindings = {name: (module, name) for name in names | {ref.name}}
+        renamed = tuple(
+            dataclasses.replace(c, node=_rename(c.node, parameter, "forward_batch")) for c in asserts
+        )
+        found.append(
+            Preparation(
+                STRATEGY_PREPARATION,
+                str(ref.path),
+                Location(ref.relpath, ref.line, ref.qualname),
+                renamed,
+                call,
+                bindings,
+                dict(CP_V2_SWITCH),
+                assigns=False,
+            )
+        )
+    return found
+
+
+def _free_names(expressions: list[ast.expr]) -> set[str]:
+    """Names the expressions read that are not builtins."""
+    builtin = set(dir(builtins))
+    return {
+        node.id
+        for expression in expressions
+        for node in ast.walk(expression)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in builtin
+    }
+
+
+def _bindings(tree: SourceTree, path: Path, names: set[str]) -> dict[str, tuple[str, str]]:
+    """Where each name comes from in the module at ``path``: its ``from X import name`` (at any
+    depth of the module body), or the module itself when it defines the name."""
+    module = tree.parse(path)
+    found: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(module) if module is not None else ():
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute_module(tree, path, node)
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if bound in names:
+                    found.setdefault(bound, (source, alias.name))
+    for name in names - set(found):
+        found[name] = (tree.module_name(path), name)
+    return found
+
+
+def _absolute_module(tree: SourceTree, path: Path, stmt: ast.ImportFrom) -> str:
+    if not stmt.level:
+        return stmt.module or ""
+    current = tree.module_name(path)
+    package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+    for _ in range(stmt.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{stmt.module}" if stmt.module else package
+
+
+def _rename(expression: ast.expr, old: str, new: str) -> ast.expr:
+    """``expression`` with the name ``old`` read as ``new`` (a parameter read as the caller's argument)."""
+    copy = ast.parse(ast.unparse(expression), mode="eval").body
+    for node in ast.walk(copy):
+        if isinstance(node, ast.Name) and node.id == old:
+            node.id = new
+    return ast.copy_location(copy, expression)
+
+
+def _evaluate(expression: ast.expr, preparation: Preparation, names: dict[str, Any]) -> Any:
+    """Evaluate one expression of sglang's source with the names its module's imports bind,
+    as the caller would; tracebacks point at the expression's sglang file and line."""
+    scope: dict[str, Any] = {}
+    for name, (module_name, attribute) in preparation.bindings.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            note = IMPORT_ERRORS.get(module_name, "not imported before the probe")
+            raise CannotProbe(f"{name} comes from {module_name}, which is not loaded ({note})")
+        if not hasattr(module, attribute):
+            raise CannotProbe(f"{module_name} has no {attribute} once imported")
+        scope[name] = getattr(module, attribute)
+    code = compile(ast.fix_missing_locations(ast.Expression(expression)), preparation.filename, "eval")
+    return eval(code, scope, names)  # noqa: S307 - sglang's own source, its modules already imported
+
+
+# ----- one CP rank --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    """An exception in sglang code: type, message and the raising sglang frame."""
+
+    kind: str
+    message: str
+    location: Location | None
+    on_metadata: bool = False  # an AttributeError on the CP metadata object
+    stage: str = "attention"  # "preparation" or "attention"
+
+    def __str__(self) -> str:
+        where = f" at {self.location.path}:{self.location.line}" if self.location else ""
+        return f"{self.kind}: {self.message}{where}"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first output value that differs from full causal attention."""
+
+    request: int
+    block: int  # the zigzag block of the request (prev block = rank, next = 2 * cp_size - 1 - rank)
+    position: int
+    head: int
+    expected: float
+    got: float
+    wrong_rows: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    rows: int = 0  # local query rows compared
+    max_error: float = 0.0
+    mismatch: Mismatch | None = None
+    failure: Failure | None = None
+    refused: tuple[Condition, ...] = ()  # conditions that did not hold for this batch
+
+
+@dataclass
+class PreparationRun:
+    """What happened for one preparation: the batch that ran, and each rank's result."""
+
+    preparation: Preparation
+    batch: tuple[Request, ...] = ()
+    refused_several: tuple[Condition, ...] = ()  # why a batch of several requests did not run
+    ranks: list[RankResult] = field(default_factory=list)
+    not_reached: tuple[Condition, ...] = ()  # conditions that refused even one request
+
+
+def run_preparation(
+    backend_cls: type, method: str, preparation: Preparation, role: RoleFacts, dims: AttentionDims
+) -> PreparationRun:
+    """Run the CP attention for every CP rank of the role with metadata from ``preparation``:
+    a batch of several requests, or one request where the preparation refuses several."""
+    with sglang_state_restored():
+        return _run_batches(backend_cls, method, preparation, role, dims)
+
+
+def _run_batches(
+    backend_cls: type, method: str, preparation: Preparation, role: RoleFacts, dims: AttentionDims
+) -> PreparationRun:
+    run = PreparationRun(preparation)
+    for batch in (SEVERAL, ONE):
+        load = workload(batch, dims)
+        results = [
+            _rank_in_role(backend_cls, method, preparation, role, dims, load, r) for r in range(dims.cp_size)
+        ]
+        refused = next((r.refused for r in results if r.refused), ())
+        if refused:
+            if batch is SEVERAL:
+                run.refused_several = refused
+                continue
+            run.not_reached = refused
+            return run
+        run.batch = batch
+        run.ranks = results
+        return run
+    return run
+
+
+def _rank_in_role(
+    backend_cls: type,
+    method: str,
+    preparation: Preparation,
+    role: RoleFacts,
+    dims: AttentionDims,
+    load: Workload,
+    rank: int,
+) -> RankResult:
+    def probe() -> RankResult:
+        with environment({**role.env, **preparation.env}), published_server_args(role), accelerator_on_cpu():
+            return _run_rank(backend_cls, method, preparation, dims, load, rank)
+
+    try:
+        return with_parallel(parallel_values(role, dims, rank), probe)
+    except CannotProbe as reason:
+        return RankResult(rank, failure=Failure("CannotProbe", str(reason), None, stage="preparation"))
+
+
+def _run_rank(
+    backend_cls: type, method: str, preparation: Preparation, dims: AttentionDims, load: Workload, rank: int
+) -> RankResult:
+    forward_batch = _forward_batch(load)
+    names = _caller_names(forward_batch, load, dims, rank)
+    try:
+        refused = tuple(
+            c for c in preparation.conditions if bool(_evaluate(c.node, preparation, names)) != c.holds_when
+        )
+        if refused:
+            return RankResult(rank, refused=refused)
+        prepared = _evaluate(preparation.call, preparation, names)
+        if preparation.assigns:
+            forward_batch.attn_cp_metadata = prepared
+        metadata = forward_batch.attn_cp_metadata
+        origin, blocks = local_rows(metadata, load)
+    except Exception as error:
+        _reraise_parallel(error)
+        return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
+
+    physical = _physical_rows(metadata, rank, len(origin))
+    q = torch.zeros(physical, dims.q_heads, dims.head_dim)
+    q[: len(origin)] = load.q[origin]
+    backend = stand_in_backend(backend_cls, load, dims)
+    layer = stand_in_layer(dims)
+    try:
+        with_npu = getattr(backend, method)
+        output = with_npu(q.reshape(physical, -1), load.k_cache, load.v_cache, layer, forward_batch)
+    except Exception as error:
+        _reraise_parallel(error)
+        return RankResult(rank, failure=failure_of(error, metadata))
+    return compare(output, load, origin, blocks, rank, dims)
+
+
+def _reraise_parallel(error: Exception) -> None:
+    """A missing runtime parallel field is the probe's setup, not a finding: let
+    ``with_parallel`` add it and run the rank again."""
+    if _MISSING_PARALLEL.search(str(error)):
+        raise error
+
+
+def _forward_batch(load: Workload) -> Any:
+    """A real ``ForwardBatch`` of a pure CP extend, holding what the CP preparation reads."""
+    module = importlib.import_module("sglang.srt.model_executor.forward_batch_info")
+    batch = load.batch
+    extend = [r.extend for r in batch]
+    values = {
+        "forward_mode": module.ForwardMode.EXTEND,
+        "batch_size": len(batch),
+        "input_ids": torch.zeros(sum(extend), dtype=torch.int64),
+        "req_pool_indices": torch.arange(len(batch)),
+        "seq_lens": torch.tensor([r.total for r in batch]),
+        "seq_lens_cpu": torch.tensor([r.total for r in batch]),
+        "seq_lens_sum": sum(r.total for r in batch),
+        "extend_seq_lens": torch.tensor(extend),
+        "extend_seq_lens_cpu": extend,
+        "extend_prefix_lens": torch.tensor([r.prefix for r in batch]),
+        "extend_prefix_lens_cpu": [r.prefix for r in batch],
+        "extend_num_tokens": sum(extend),
+        "positions": torch.tensor(load.position_of),
+        "out_cache_loc": None,
+        "attn_cp_metadata": None,
+        "global_num_tokens_cpu": None,
+    }
+    return dataclass_instance(module.ForwardBatch, values)
+
+
+def _caller_names(forward_batch: Any, load: Workload, dims: AttentionDims, rank: int) -> dict[str, Any]:
+    """The local names a model's ``forward`` sees where it prepares CP metadata (``self`` holds
+    the CP rank and size the model reads from dp_attention at construction)."""
+    model = types.SimpleNamespace(
+        attn_cp_rank=rank, attn_cp_size=dims.cp_size, cp_rank=rank, cp_size=dims.cp_size
+    )
+    return {
+        "self": model,
+        "input_ids": forward_batch.input_ids,
+        "positions": forward_batch.positions,
+        "forward_batch": forward_batch,
+        "input_embeds": None,
+        "pp_proxy_tensors": None,
+    }
+
+
+def local_rows(metadata: Any, load: Workload) -> tuple[torch.Tensor, list[int]]:
+    """The extend tokens (indices into the batch's q) that this rank holds, in its local order,
+    and the zigzag block of its request each one is in: the batch's tokens split by
+    ``split_list`` (``2 * cp_size`` blocks per request, request after request) and gathered by
+    ``zigzag_index``, as sglang's ``cp_split_and_rebuild_data`` / ``shard_hidden_states`` do."""
+    split_list = getattr(metadata, "split_list", None)
+    zigzag_index = getattr(metadata, "zigzag_index", None)
+    if not split_list or not zigzag_index:
+        raise CannotProbe(
+            f"{type(metadata).__name__} has no zigzag layout (split_list/zigzag_index): "
+            "npudoctor models the zigzag (in-seq-split) CP layout only"
+        )
+    tokens = len(load.request_of)
+    if sum(split_list) != tokens:
+        raise CannotProbe(f"split_list {split_list} does not cover the batch's {tokens} extend tokens")
+    pieces = torch.split(torch.arange(tokens), [int(x) for x in split_list])
+    per_request = len(split_list) // len(load.batch)
+    chosen = [int(i) for i in zigzag_index]
+    blocks = [i % per_request for i in chosen for _ in range(len(pieces[i]))]
+    return torch.cat([pieces[i] for i in chosen]), blocks
+
+
+def _physical_rows(metadata: Any, rank: int, logical: int) -> int:
+    """Rows of this rank's local hidden states: the logical rows, or more where the metadata pads
+    every rank to one physical length (0.5.23 ``pad_logical_token_to_physical``)."""
+    per_rank = getattr(metadata, "per_rank_actual_token", None)
+    if per_rank and len(per_rank) > rank and int(per_rank[rank]) > logical:
+        return int(per_rank[rank])
+    return logical
+
+
+def stand_in_backend(backend_cls: type, load: Workload, dims: AttentionDims) -> Any:
+    """The installed backend class without its ``__init__`` (it needs a ModelRunner), with the
+    attributes the FIA CP path reads, set as ``__init__``/``init_forward_metadata`` set them."""
+    backend = object.__new__(backend_cls)
+    module = sys.modules[backend_cls.__module__]
+    metadata_cls = getattr(module, "ForwardMetadata", None)
+    if metadata_cls is not None and dataclasses.is_dataclass(metadata_cls):
+        backend.forward_metadata = dataclass_instance(metadata_cls, {"block_tables": load.block_tables})
+    else:
+        backend.forward_metadata = types.SimpleNamespace(block_tables=load.block_tables)
+    mask_builder = getattr(module, "AscendAttnMaskBuilder", None)
+    generate = getattr(mask_builder, "generate_mask_flag", None)
+    backend.fia_mask = (
+        generate(FIA_MASK_LEN)
+        if callable(generate)
+        else ~torch.ones(FIA_MASK_LEN, FIA_MASK_LEN, dtype=torch.bool).tril()
+    )
+    backend.page_size = dims.page_size
+    backend.device = torch.device("cpu")
+    backend.use_fia = True
+    backend.use_mla = False
+    return backend
+
+
+def stand_in_layer(dims: AttentionDims) -> Any:
+    """The ``RadixAttention`` fields the path reads, with the deployment's per-rank sizes."""
+    return types.SimpleNamespace(
+        tp_q_head_num=dims.q_heads,
+        tp_k_head_num=dims.kv_heads,
+        tp_v_head_num=dims.kv_heads,
+        qk_head_dim=dims.head_dim,
+        v_head_dim=dims.v_head_dim,
+        head_dim=dims.head_dim,
+        scaling=dims.scaling,
+        layer_id=0,
+        is_cross_attention=False,
+        sliding_window_size=-1,
+        logit_cap=0.0,
+        k_scale=None,
+        v_scale=None,
+    )
+
+
+def compare(
+    output: Any, load: Workload, origin: torch.Tensor, blocks: list[int], rank: int, dims: AttentionDims
+) -> RankResult:
+    """Each local row against full causal attention of the token it holds."""
+    rows = len(origin)
+    if (
+        not isinstance(output, torch.Tensor)
+        or output.shape[0] < rows
+        or output[:rows].numel() != rows * dims.q_heads * dims.v_head_dim
+    ):
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        return RankResult(
+            rank,
+            rows,
+            failure=Failure(
+                "ShapeMismatch",
+                f"returned {shape} for {rows} query rows of {dims.q_heads} heads x {dims.v_head_dim}",
+                None,
+            ),
+        )
+    got = output[:rows].reshape(rows, dims.q_heads, dims.v_head_dim).double()
+    expected = load.expected[origin]
+    error = (got - expected).abs().nan_to_num(float("inf"))
+    max_error = float(error.max()) if error.numel() else 0.0
+    wrong = (error.amax(dim=(1, 2)) > TOLERANCE).nonzero().flatten()
+    mismatch = None
+    if len(wrong):
+        row = int(wrong[0])
+        head = int(error[row].amax(dim=1).argmax())
+        column = int(error[row, head].argmax())
+        token = int(origin[row])
+        request = load.request_of[token]
+        mismatch = Mismatch(
+            request=request,
+            block=blocks[row],
+            position=load.position_of[token],
+            head=head,
+            expected=float(expected[row, head, column]),
+            got=float(got[row, head, column]),
+            wrong_rows=len(wrong),
+            rows=rows,
+        )
+    return RankResult(rank, rows, max_error, mismatch)
+
+
+def failure_of(error: BaseException, metadata: Any, stage: str = "attention") -> Failure:
+    """The exception and the innermost sglang frame it passed through (file:line, qualified name)."""
+    frames = [
+        (frame.f_code, line)
+        for frame, line in traceback.walk_tb(error.__traceback__)
+        if "/sglang/" in frame.f_code.co_filename
+    ]
+    location = None
+    if frames:
+        code, line = frames[-1]
+        path = code.co_filename
+        name = getattr(code, "co_qualname", code.co_name)
+        location = Location(path[path.rindex("/sglang/") + 1 :], line or 0, name)
+    on_metadata = (
+        isinstance(error, AttributeError) and metadata is not None and getattr(error, "obj", None) is metadata
+    )
+    return Failure(type(error).__name__, str(error), location, on_metadata, stage)
+
+
+def code_location(function: Any) -> Location | None:
+    code = getattr(function, "__code__", None)
+    if code is None or "/sglang/" not in code.co_filename:
+        return None
+    path = code.co_filename
+    return Location(path[path.rindex("/sglang/") + 1 :], code.co_firstlineno, function.__qualname__)
+
+
+def backend_method(entry: FunctionRef) -> tuple[type, Any]:
+    """The installed class and method that ``entry`` (found in the source) denotes."""
+    module = importlib.import_module(entry.tree.module_name(entry.path))
+    if entry.owner is None:
+        raise CannotProbe(f"{entry.qualname} is not a method of an attention backend class")
+    cls = getattr(module, entry.owner.name, None)
+    if cls is None or not inspect.isclass(cls):
+        raise CannotProbe(
+            f"{entry.tree.module_name(entry.path)} has no class {entry.owner.name} once imported"
+        )
+    function = getattr(cls, entry.name, None)
+    if function is None:
+        raise CannotProbe(f"the imported {cls.__name__} has no {entry.name}")
+    return cls, function
