@@ -73,6 +73,7 @@ LEGACY_CP_MODES = {"in-seq-split": "zigzag", "round-robin-split": "interleave"}
 TOLERANCE = 1e-4
 # sglang's FIA mask length (AscendAttnMaskBuilder: fia_mask_len = 2048).
 FIA_MASK_LEN = 2048
+_MLA_MODEL = re.compile(rb"(?i)kv_lora_rank|mla|\bdsa|_dsa|\bnsa|_nsa")
 _MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
 _UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
 
@@ -513,14 +514,15 @@ def import_modules() -> None:
 def _model_preparations(tree: SourceTree, model: ModelFacts | None) -> list[Preparation]:
     """Calls of the model-level preparation in the model file of the deployment's
     architecture; with no model, in every model file that is not an MLA model (MLA takes
-    another CP attention path, so it never reaches ``do_cp_attn_fia``)."""
+    another CP attention path, so it never reaches ``do_cp_attn_fia``): files that mention
+    MLA or its DeepSeek sparse-attention variants (``kv_lora_rank``, ``mla``, ``dsa``, ``nsa``)."""
     calls = calls_to(tree, MODEL_PREPARATION, under="srt/models")
     architectures = set(model.architectures) if model else set()
     files = {c.path for name in architectures for c in tree.find_classes(name, under="srt/models")}
     if files:
         chosen = [(ref, call) for ref, call in calls if ref.path in files]
     else:
-        chosen = [(ref, call) for ref, call in calls if b"kv_lora_rank" not in tree.read(ref.path)]
+        chosen = [(ref, call) for ref, call in calls if not _MLA_MODEL.search(tree.read(ref.path))]
     found = []
     for ref, call in chosen:
         tests = tuple(

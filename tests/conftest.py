@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
 import re
 import shutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -55,16 +57,61 @@ def release():
     return fetch_sglang.fetch
 
 
+def overlay_tree(tree: Path, destination: Path) -> Path:
+    """A cheap copy of a release tree (hard links) under ``destination``, whose files a test may replace."""
+    copy = destination / "tree"
+    shutil.copytree(tree / "sglang", copy / "sglang", copy_function=os.link)
+    return copy
+
+
 @pytest.fixture
 def overlay(tmp_path):
     """A cheap copy of a release tree (hard links) whose files a test may replace."""
 
     def make(tree: Path) -> Path:
-        copy = tmp_path / "tree"
-        shutil.copytree(tree / "sglang", copy / "sglang", copy_function=os.link)
-        return copy
+        return overlay_tree(tree, tmp_path)
 
     return make
+
+
+NPU_BACKEND = "sglang/srt/hardware_backend/npu/attention/ascend_backend.py"
+
+
+def method_span(source: str, class_name: str, method: str) -> tuple[int, int, int]:
+    """First line (decorators included), last line and indentation of ``class_name.method``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
+                    start = min([item.lineno] + [d.lineno for d in item.decorator_list])
+                    return start, item.end_lineno, item.col_offset
+    raise AssertionError(f"{class_name}.{method} not found")
+
+
+def cp_gap_tree(fetch, destination: Path) -> Path:
+    """The synthetic "0.5.13+cp-gap" state of known.yaml under ``destination``: the 0.5.13 tree
+    (hard-linked) with AscendAttnBackend.do_cp_attn_fia replaced by the 0.5.12 method (scalar
+    fields, torch.chunk(q, 2)), spliced by ast line numbers. ``fetch`` is the ``release`` fixture."""
+    old_source = (fetch("0.5.12") / NPU_BACKEND).read_text()
+    start, end, _ = method_span(old_source, "AscendAttnBackend", "do_cp_attn_fia")
+    old_method = textwrap.dedent("".join(old_source.splitlines(keepends=True)[start - 1 : end]))
+
+    tree = overlay_tree(fetch("0.5.13"), destination)
+    target = tree / NPU_BACKEND
+    source = target.read_text()
+    start, end, indent = method_span(source, "AscendAttnBackend", "do_cp_attn_fia")
+    lines = source.splitlines(keepends=True)
+    spliced = "".join(lines[: start - 1]) + textwrap.indent(old_method, " " * indent) + "".join(lines[end:])
+    ast.parse(spliced)  # still valid Python
+    target.unlink()  # hard-linked to the cached release: never write through the link
+    target.write_text(spliced)
+    return tree
+
+
+@pytest.fixture
+def cp_gap(release, tmp_path) -> Path:
+    """The "0.5.13+cp-gap" tree (see ``cp_gap_tree``), fresh for each test."""
+    return cp_gap_tree(release, tmp_path)
 
 
 def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:

@@ -5,17 +5,17 @@ what decides, not the known diff."""
 
 from __future__ import annotations
 
-import ast
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import (
     EXAMPLES,
+    NPU_BACKEND,
     RELEASES,
     TRUTH,
     json_report,
+    method_span,
     replace_text,
     result_of,
     truth_locations,
@@ -24,7 +24,7 @@ from conftest import (
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
-BACKEND = "sglang/srt/hardware_backend/npu/attention/ascend_backend.py"
+BACKEND = NPU_BACKEND
 REMOVED_FIELDS = ("actual_seq_q_prev", "kv_len_prev", "actual_seq_q_next", "kv_len_next")
 
 
@@ -34,17 +34,6 @@ def evidence_text(result: dict) -> str:
 
 def npd004(cli, tree: Path, *args: str) -> dict:
     return result_of(json_report(cli, "--sglang-path", tree, *args), "NPD004")
-
-
-def method_span(source: str, class_name: str, method: str) -> tuple[int, int, int]:
-    """First line (decorators included), last line and indentation of ``class_name.method``."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
-                    start = min([item.lineno] + [d.lineno for d in item.decorator_list])
-                    return start, item.end_lineno, item.col_offset
-    raise AssertionError(f"{class_name}.{method} not found")
 
 
 def line_of(text: str, needle: str, after: int = 0) -> int:
@@ -60,30 +49,6 @@ def deployment_text(model: str = "models/qwen3-30b-a3b/config.json", ASCEND_USE_
     text = CP_PREFILL.read_text()
     text = text.replace("models/qwen3-30b-a3b/config.json", str((EXAMPLES / model).resolve()))
     return text.replace('ASCEND_USE_FIA: "1"', f'ASCEND_USE_FIA: "{ASCEND_USE_FIA}"')
-
-
-def rewrite(path: Path, text: str) -> None:
-    path.unlink()  # hard-linked to the cached release: never write through the link
-    path.write_text(text)
-
-
-@pytest.fixture
-def cp_gap(release, overlay) -> Path:
-    """The "0.5.13+cp-gap" state: the 0.5.13 tree with AscendAttnBackend.do_cp_attn_fia replaced
-    by the 0.5.12 method (scalar fields, torch.chunk(q, 2)), spliced by ast line numbers."""
-    old_source = (release("0.5.12") / BACKEND).read_text()
-    start, end, _ = method_span(old_source, "AscendAttnBackend", "do_cp_attn_fia")
-    old_method = textwrap.dedent("".join(old_source.splitlines(keepends=True)[start - 1 : end]))
-
-    tree = overlay(release("0.5.13"))
-    target = tree / BACKEND
-    source = target.read_text()
-    start, end, indent = method_span(source, "AscendAttnBackend", "do_cp_attn_fia")
-    lines = source.splitlines(keepends=True)
-    spliced = "".join(lines[: start - 1]) + textwrap.indent(old_method, " " * indent) + "".join(lines[end:])
-    ast.parse(spliced)  # still valid Python
-    rewrite(target, spliced)
-    return tree
 
 
 # ----- the known truths -------------------------------------------------------------------
