@@ -16,21 +16,69 @@ splitter that branch calls (through the MRO, incl. ``disaggregation/common``). T
 splitter must be group-aware for MLA (slices each buffer group at the stage offset,
 with the group count set by the producer), must split K/V halves with the stage offset
 for MHA, and must know the decode model's layer count when decode has draft layers.
-The live depth runs the real mapping for every stage.
+An MHA splitter that infers decode's draft layers from layer-count divisibility is right
+for some stage splits and wrong for others: the static depth cannot tell, the live one can.
+
+Live probe (``npudoctor.livetransfer``): for every prefill PP stage of the deployment,
+with the stage's layers from sglang's own ``get_pp_indices``, build the real NPU pools
+of both roles on CPU (the stage's layers; decode's whole model plus its draft layers),
+assemble ``kv_args`` as ``_init_kv_manager`` does (with the installed
+``setup_state_kv_args`` where the release has it), call the installed Ascend manager's
+``send_kvcache`` for one request with a recording transfer engine, decode every recorded
+(source, destination) address back to (layer, kind) and require a bijection of the
+stage's buffers onto the same global layer and kind on decode.
 """
 
 from __future__ import annotations
 
 import ast
+import gc
 
+from npudoctor import livepools, livetransfer
 from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts, RoleFacts
+from npudoctor.facts import AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.livecode import code_location, exception_evidence
 from npudoctor.pools import pool_family
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, MethodRef, SourceTree
 from npudoctor.target import Target
 
 _LAYER_COUNT_HINTS = ("total_kv_layers", "hidden_kv_layers", "draft_kv_layers", "num_draft")
+_SHOWN_PAIRS = 4  # wrong pairs quoted per stage
+_BOOTSTRAP = "sglang's PD bootstrap"
+
+# With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
+# unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
+# stages goes wrong. One KV head per rank for MHA: the mapping does not depend on heads.
+_ASSUMED_MODELS = {
+    "mla": ModelFacts(
+        source="assumed (MLA with the NSA indexer, DeepSeek-V3.2 dimensions)",
+        model_type=None,
+        architectures=(),
+        attention=AttentionKind.MLA_INDEXER,
+        num_layers=61,
+        num_heads=128,
+        num_kv_heads=128,
+        head_dim=192,
+        v_head_dim=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        index_head_dim=128,
+        index_n_heads=64,
+        nextn_layers=1,
+    ),
+    "mha": ModelFacts(
+        source="assumed (GQA, 61 layers, 1 KV head per rank)",
+        model_type=None,
+        architectures=(),
+        attention=AttentionKind.GQA,
+        num_layers=61,
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=128,
+        v_head_dim=128,
+    ),
+}
 
 
 class PipelineTransferMap(Check):
@@ -50,6 +98,65 @@ class PipelineTransferMap(Check):
     how_to_fix = (
         "Upgrade sglang, or apply the npudoctor runtime override for NPD003 (group-aware PP pointer slicing)."
     )
+
+    def live_imports(self) -> None:
+        livepools.import_pool_modules()
+        livetransfer.import_transfer_modules()
+
+    def live(self, target: Target, facts: Facts) -> Probe:
+        """Run the installed ``send_kvcache`` for every prefill stage and check every pair."""
+        scope = _scope(facts)
+        if isinstance(scope, str):
+            return Probe(Status.SKIP, scope)
+        families, draft_layers, assumptions, roles = scope
+        prefill, decode, role_notes = _live_roles(facts, draft_layers)
+        if prefill.pp_size == 1:
+            return Probe(
+                Status.SKIP,
+                f"prefill pp_size 1 (decode pp_size {decode.pp_size}): the prefill sends whole-model "
+                "pointer lists; NPD003's live probe covers PP on the prefill side",
+                assumptions=assumptions,
+                roles=roles,
+            )
+        if decode.pp_size not in (1, prefill.pp_size):
+            return Probe(
+                Status.WARN,
+                f"cannot tell: decode pp_size {decode.pp_size} with prefill pp_size {prefill.pp_size} "
+                "(sglang pairs a prefill stage with a decode of PP 1 or of the same PP size)",
+                assumptions=assumptions,
+                roles=roles,
+            )
+        findings: list[tuple[Status, Evidence]] = []
+        notes: list[str] = list(role_notes)
+        summaries: list[str] = []
+        for family in families:
+            model = facts.model or _ASSUMED_MODELS[family]
+            if facts.model is None:
+                notes.append(f"live: {family.upper()} model {model.source}")
+            family_findings, family_notes, summary = _live_family(family, model, prefill, decode)
+            findings.extend(family_findings)
+            notes.extend(family_notes)
+            summaries.append(summary)
+        worst = max((s for s, _ in findings), key=lambda s: s.severity, default=Status.WARN)
+        evidence = tuple(e for _, e in findings)
+        text = "; ".join(x for x in summaries if x)
+        crashed = sorted({e.observed.split(":")[0] for e in evidence if e.expected.startswith(_BOOTSTRAP)})
+        if crashed:
+            text += (
+                f"; note: sglang's PD bootstrap itself raised ({', '.join(crashed)}) before any "
+                "transfer, a defect outside NPD003 (see evidence)"
+            )
+        if worst is Status.FAIL:
+            summary = (
+                f"PP prefill stages send KV into other layers' or kinds' buffers on decode (live): {text}"
+            )
+        elif worst is Status.WARN:
+            summary = f"cannot tell whether the PP pointer mapping is right (live): {text}"
+        else:
+            summary = (
+                f"every prefill PP stage's buffers land in the same layer and kind on decode (live): {text}"
+            )
+        return Probe(worst, summary, evidence, assumptions + tuple(notes), roles)
 
     def static(self, target: Target, facts: Facts) -> Probe:
         scope = _scope(facts)
@@ -119,6 +226,206 @@ def _scope(facts: Facts):
     decode: RoleFacts | None = facts.role("decode")
     draft = decode.draft_layers if decode else 0
     return families, draft, tuple(assumptions), tuple(r.name for r in pd_roles)
+
+
+def _live_roles(facts: Facts, draft_layers: int) -> tuple[RoleFacts, RoleFacts, list[str]]:
+    """The prefill and decode roles to probe; a side the deployment does not describe is assumed
+    as the static scope assumes it (prefill PP 2; decode PP 1, with the scope's draft layers)."""
+    notes = []
+    prefill = facts.role("prefill")
+    if prefill is None:
+        prefill = RoleFacts(name="prefill (assumed)", disaggregation_mode="prefill", pp_size=2)
+        if facts.described:
+            notes.append("live: no prefill role given: assumed prefill PP 2")
+    decode = facts.role("decode")
+    if decode is None:
+        decode = RoleFacts(name="decode (assumed)", disaggregation_mode="decode", draft_layers=draft_layers)
+        if facts.described:
+            notes.append("live: no decode role given: assumed decode PP 1")
+    return prefill, decode, notes
+
+
+def _live_family(
+    family: str, model: ModelFacts, prefill: RoleFacts, decode: RoleFacts
+) -> tuple[list[tuple[Status, Evidence]], list[str], str]:
+    """Findings (one per prefill stage), notes and a one-line summary for one pool family."""
+    kind = family.upper()
+    cls = livetransfer.pool_class(family)
+    if cls is None:
+        evidence = Evidence(
+            expected=f"an NPU {kind} KV pool class in sglang",
+            observed="none is loaded from this release: its layout is not one npudoctor recognises",
+        )
+        return [(Status.WARN, evidence)], [], f"{kind}: no NPU pool class"
+    kv_args_class, manager_class = livetransfer.kv_classes()
+    ranges, split_at = livepools.in_role(
+        prefill, lambda: livetransfer.stage_ranges(model.num_layers, prefill.pp_size)
+    )
+    stages = ", ".join(f"{start}-{end - 1}" for start, end in ranges)
+    notes = [
+        f"live {kind}: prefill stages (layers {stages}) from sglang's get_pp_indices"
+        + (f" ({split_at.path}:{split_at.line})" if split_at else ""),
+        _producer_note(),
+    ]
+    probe = _StageProbe(cls, model, prefill, decode, kv_args_class, manager_class)
+    findings: list[tuple[Status, Evidence]] = []
+    outcomes: list[str] = []
+    try:
+        if decode.pp_size == 1:  # decode registers the whole model (+ draft) once for every stage
+            probe.decode_side = probe.side(decode, (0, model.num_layers), decode.draft_layers, 0)
+            probe.note_bootstrap(probe.decode_side, decode)
+        for stage, layers in enumerate(ranges):
+            stage_findings, outcome = probe.run(stage, layers)
+            findings.extend(stage_findings)
+            outcomes.append(outcome)
+    except livepools.CannotBuild as reason:
+        evidence = Evidence(expected=f"a {cls.__name__} for this deployment", observed=str(reason))
+        findings.append((Status.WARN, evidence))
+        outcomes.append(str(reason))
+    finally:
+        probe.decode_side = None
+        gc.collect()
+    findings.extend(probe.bootstrap_findings())
+    return findings, notes, f"{kind} " + ", ".join(outcomes)
+
+
+class _StageProbe:
+    """Builds each prefill stage (and, for decode PP > 1, the decode stage holding the same
+    layers), sends one request through the installed mapping and judges the pairs. Pools of a
+    stage are dropped before the next one is built, so a 61-layer model stays small."""
+
+    def __init__(self, cls, model, prefill, decode, kv_args_class, manager_class):
+        self.cls, self.model, self.prefill, self.decode = cls, model, prefill, decode
+        self.kv_args_class, self.manager_class = kv_args_class, manager_class
+        self.decode_side: livetransfer.Side | None = None
+        self.bootstrap_errors: dict[str, BaseException] = {}  # first per role
+
+    def note_bootstrap(self, side: livetransfer.Side, role: RoleFacts) -> None:
+        for error in side.bootstrap_errors:
+            self.bootstrap_errors.setdefault(role.name, error)
+
+    def bootstrap_findings(self) -> list[tuple[Status, Evidence]]:
+        """sglang's PD bootstrap raising while it registers *state* buffers: reported as observed,
+        but outside NPD003's property (state buffers do not go through ``send_kvcache``)."""
+        findings = []
+        for role, error in self.bootstrap_errors.items():
+            raised = exception_evidence("", error)
+            evidence = Evidence(
+                expected=(
+                    f"{_BOOTSTRAP} ({role}: setup_state_kv_args) registers the pools' buffers; outside "
+                    "NPD003, whose KV mapping was then probed with the pool reporting no state buffers"
+                ),
+                observed=f"{raised.observed}: this deployment's {role} fails before any transfer",
+                location=raised.location,
+            )
+            findings.append((Status.PASS, evidence))
+        return findings
+
+    def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
+        return livepools.in_role(
+            role,
+            lambda: livetransfer.build_side(
+                self.cls, self.model, role, layers, draft_layers, self.kv_args_class, stage
+            ),
+        )
+
+    def run(self, stage: int, layers: tuple[int, int]) -> tuple[list[tuple[Status, Evidence]], str]:
+        label = f"stage {stage} (layers {layers[0]}-{layers[1] - 1})"
+        decode_side = self.decode_side
+        if decode_side is None:  # decode with the prefill's PP size: its last stage runs the draft
+            last = stage == self.prefill.pp_size - 1
+            decode_side = self.side(self.decode, layers, self.decode.draft_layers if last else 0, stage)
+        stage_side = self.side(self.prefill, layers, 0, stage)
+        self.note_bootstrap(stage_side, self.prefill)
+        findings: list[tuple[Status, Evidence]] = []
+        is_mla = self.model.attention.is_mla
+        manager = livetransfer.stand_in_manager(
+            self.manager_class, stage_side.kv_args, self.prefill, stage, is_mla
+        )
+        try:
+            mapping = livetransfer.send_one_request(manager, stage, stage_side, decode_side, self.prefill)
+        except livetransfer.ShimGap as gap:
+            evidence = Evidence(
+                expected=f"{self.manager_class.__name__}.send_kvcache to run on npudoctor's stand-in manager",
+                observed=f"it reads {gap}, which npudoctor does not set: a manager shape it does not know",
+                location=code_location(self.manager_class, "send_kvcache"),
+            )
+            return [*findings, (Status.WARN, evidence)], f"{label}: not run"
+        finally:
+            del stage_side, decode_side, manager
+            gc.collect()
+        status, evidence, outcome = _stage_finding(mapping, self.model, self.decode, self.manager_class)
+        return [*findings, (status, evidence)], f"{label}: {outcome}"
+
+
+def _producer_note() -> str:
+    setup = livetransfer.producer()
+    if setup is None:
+        return "live: no setup_state_kv_args in this release: kv_args as its _init_kv_manager fills them"
+    where = code_location(setup)
+    return "live: kv_args completed by sglang's setup_state_kv_args" + (
+        f" ({where.path}:{where.line})" if where else ""
+    )
+
+
+def _stage_finding(
+    mapping: livetransfer.StageMapping, model: ModelFacts, decode: RoleFacts, manager_class: type
+) -> tuple[Status, Evidence, str]:
+    """Expected vs observed for one stage, and a short outcome for the summary."""
+    kinds = "/".join(dict.fromkeys(slot.kind for slot in mapping.registered)) or "KV"
+    stage = f"prefill stage {mapping.stage} (layers {mapping.start}-{mapping.end - 1})"
+    draft = f" + {decode.draft_layers} draft layer(s)" if decode.draft_layers else ""
+    expected = (
+        f"{stage}: each of its {len(mapping.registered)} {kinds} buffers written into the same layer "
+        f"and kind on decode ({model.num_layers} layers{draft}), one to one"
+    )
+    splitter = mapping.splitter()
+    via = f"; via {splitter.name} ({splitter.location.path}:{splitter.location.line})" if splitter else ""
+    location = splitter.location if splitter else code_location(manager_class, "send_kvcache")
+    if mapping.error is not None:
+        raised = exception_evidence(expected, mapping.error)
+        observed = f"{stage}: send_kvcache raised {raised.observed}{via}"
+        return Status.FAIL, Evidence(expected, observed, raised.location or location), "raised"
+    total = len(mapping.registered)
+    if mapping.bijective:
+        first, last = mapping.registered[0], mapping.registered[-1]
+        observed = (
+            f"{stage}: {total} of {total} pairs right, one decode buffer each "
+            f"({first} -> {first} ... {last} -> {last}){via} (live, CPU)"
+        )
+        return Status.PASS, Evidence(expected, observed, location), f"{total} of {total} pairs right"
+    problems = _mapping_problems(mapping)
+    observed = f"{stage}: {'; '.join(problems)}{via} (live, CPU)"
+    return Status.FAIL, Evidence(expected, observed, location), problems[0].split(":")[0]
+
+
+def _mapping_problems(mapping: livetransfer.StageMapping) -> list[str]:
+    """``30 of 60 pairs wrong: V0 -> K30, ...``, buffers never sent, decode buffers hit twice, ..."""
+    problems = []
+    wrong = mapping.wrong
+    if wrong:
+        shown = ", ".join(
+            f"{source} -> {target if target is not None else 'no decode buffer'}"
+            for source, target in wrong[:_SHOWN_PAIRS]
+        )
+        more = ", ..." if len(wrong) > _SHOWN_PAIRS else ""
+        problems.append(
+            f"{len({s for s, _ in wrong})} of {len(mapping.registered)} pairs wrong: {shown}{more}"
+        )
+    if mapping.missing:
+        problems.append(f"{len(mapping.missing)} buffer(s) never sent (first: {mapping.missing[0]})")
+    if mapping.shared_targets:
+        problems.append(
+            f"{len(mapping.shared_targets)} decode buffer(s) written from several stage buffers "
+            f"(first: {mapping.shared_targets[0]})"
+        )
+    if mapping.overruns:
+        problems.append(f"{mapping.overruns} block(s) run past the end of their buffer")
+    if mapping.unknown_sources:
+        problems.append(f"{mapping.unknown_sources} block(s) read from outside the stage's buffers")
+    if not mapping.registered:
+        problems.append("no registered KV buffer of the stage could be located")
+    return problems
 
 
 def _ascend_manager(tree: SourceTree) -> tuple[ClassInfo, MethodRef] | None:

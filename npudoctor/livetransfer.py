@@ -1,0 +1,510 @@
+"""Run sglang's real Ascend PD transfer-pointer mapping on CPU and decode what it would send.
+
+With pipeline parallelism on the prefill side, each prefill stage registers pointer lists
+for its own layers only, while decode registers the whole model (plus draft/MTP layers).
+The Ascend ``send_kvcache`` must pair every buffer a stage holds (K, V and the NSA
+indexer K of each of its layers) with the buffer of the same global layer and kind on
+decode; releases before https://github.com/sgl-project/sglang/pull/23893 did not.
+
+This module exercises that mapping for real, one prefill stage at a time:
+
+* the stage's layer range comes from sglang's own ``get_pp_indices`` (the partition the
+  model's ``make_layers`` uses, honouring ``SGLANG_PP_LAYER_PARTITION``);
+* both sides' pools are the real sglang NPU pool classes, built small on CPU
+  (``npudoctor.livepools``): the stage pool with its ``start_layer``/``end_layer``, the
+  decode pool with every layer and, when decode runs a draft model, a draft pool whose
+  pointers are appended, as ``_init_kv_manager`` in ``disaggregation/{prefill,decode}.py``
+  does;
+* ``kv_args`` are assembled the way those ``_init_kv_manager`` do, with sglang's own
+  ``get_kv_class`` for the classes and the installed ``setup_state_kv_args`` (0.5.12+) so
+  ``kv_buf_groups`` and the layer counts come from sglang's own producer;
+* the manager is the class ``get_kv_class`` returns for the ascend backend, created
+  without its networking ``__init__``; its transfer engine is a recorder of the
+  ``batch_transfer_sync`` calls ``_transfer_data`` makes in every release;
+* every recorded source and destination address is decoded back to (layer, kind) by the
+  address ranges of the pools' per-layer tensors, independently of the order in which
+  sglang registers them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import contextlib
+import importlib
+import inspect
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from npudoctor import livepools
+from npudoctor.facts import ModelFacts, RoleFacts
+from npudoctor.livecode import code_location, relative
+from npudoctor.results import Location
+
+UTILS_MODULE = "sglang.srt.disaggregation.utils"
+PP_MODULE = "sglang.srt.distributed.utils"
+RUNTIME_MODULE = "sglang.srt.runtime_context"
+# Page indices one request occupies on each side: two contiguous runs, so the mapping is
+# exercised with more than one transfer block per buffer.
+PREFILL_PAGES = (0, 1, 3)
+DECODE_PAGES = (2, 3, 1)
+_UNPUBLISHED = re.compile(r"config namespace '\w+' not published")
+T = TypeVar("T")
+
+
+def import_transfer_modules() -> None:
+    """The modules the probe calls into: disaggregation utils (which import the managers) and
+    the PP layer partition."""
+    importlib.import_module(UTILS_MODULE)
+    importlib.import_module(PP_MODULE)
+
+
+class ShimGap(Exception):
+    """The probed code read something npudoctor's stand-in manager does not provide."""
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """One per-layer buffer: a global layer and a buffer kind (K, V, IK for the indexer K)."""
+
+    layer: int
+    kind: str
+    draft: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.layer}" + (" (draft)" if self.draft else "")
+
+
+def buffer_kind(attribute: str) -> str:
+    """``k_buffer``/``k_buffer_tensor`` -> K, ``v_buffer`` -> V, ``index_k_buffer`` -> IK."""
+    if attribute.startswith("index_k"):
+        return "IK"
+    if attribute.startswith(("k_", "v_")):
+        return attribute[0].upper()
+    return attribute
+
+
+class AddressBook:
+    """The per-layer buffers of some pools by address range: decodes an address to its ``Slot``."""
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int, Slot]] = []
+
+    def register(self, pool: Any, first_layer: int, draft: bool = False) -> None:
+        known = {(start, end) for start, end, _ in self._ranges}
+        for attribute, layers in livepools.kv_buffers(pool).items():
+            for index, tensor in enumerate(layers):
+                start = tensor.data_ptr()
+                span = (start, start + tensor.nbytes)
+                if span not in known:  # an alias of a buffer already registered
+                    known.add(span)
+                    slot = Slot(first_layer + index, buffer_kind(attribute), draft)
+                    self._ranges.append((*span, slot))
+        self._ranges.sort()
+
+    def find(self, address: int) -> tuple[Slot, int] | None:
+        """The slot holding ``address`` and the bytes left in it from there."""
+        index = bisect.bisect_right(self._ranges, (address, float("inf"))) - 1
+        if index >= 0:
+            start, end, slot = self._ranges[index]
+            if start <= address < end:
+                return slot, end - address
+        return None
+
+    def locate(self, address: int) -> Slot | None:
+        found = self.find(address)
+        return found[0] if found else None
+
+
+class TransferRecorder:
+    """Stands in for the Ascend transfer engine: records what ``_transfer_data`` hands it."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[int, int, int]] = []
+        self._lock = threading.Lock()
+
+    def batch_transfer_sync(self, session_id: str, src_addrs, dst_addrs, lengths) -> int:
+        with self._lock:
+            self.blocks.extend(zip(src_addrs, dst_addrs, lengths))
+        return 0
+
+
+@dataclass
+class Step:
+    """An sglang function the transfer call went through."""
+
+    name: str
+    location: Location
+
+
+@dataclass
+class StageMapping:
+    """What one prefill stage's ``send_kvcache`` sent, decoded to (layer, kind) on both sides."""
+
+    stage: int
+    start: int  # first global layer of the stage
+    end: int  # exclusive
+    registered: list[Slot] = field(default_factory=list)  # the stage's registered buffers
+    sent: dict[Slot, set[Slot | None]] = field(default_factory=dict)  # source -> destinations
+    unknown_sources: int = 0  # blocks whose source lies in none of the stage's buffers
+    overruns: int = 0  # blocks that run past the end of their source or destination buffer
+    path: list[Step] = field(default_factory=list)
+    error: BaseException | None = None
+
+    @property
+    def wrong(self) -> list[tuple[Slot, Slot | None]]:
+        """(source, destination) pairs that differ, in the stage's registration order."""
+        order = {slot: index for index, slot in enumerate(self.registered)}
+        pairs = [(s, t) for s, targets in self.sent.items() for t in targets if t != s]
+        return sorted(pairs, key=lambda pair: (order.get(pair[0], len(order)), pair[0], str(pair[1])))
+
+    @property
+    def missing(self) -> list[Slot]:
+        return [slot for slot in self.registered if slot not in self.sent]
+
+    @property
+    def shared_targets(self) -> list[Slot]:
+        """Decode buffers written from more than one stage buffer."""
+        seen: dict[Slot, int] = {}
+        for targets in self.sent.values():
+            for target in targets - {None}:
+                seen[target] = seen.get(target, 0) + 1
+        return sorted(slot for slot, count in seen.items() if count > 1)
+
+    @property
+    def bijective(self) -> bool:
+        return (
+            self.error is None
+            and bool(self.registered)
+            and not self.wrong
+            and not self.missing
+            and not self.unknown_sources
+            and not self.overruns
+            and not self.shared_targets
+        )
+
+    def splitter(self) -> Step | None:
+        """The pointer splitter sglang took (``get_*_ptrs_with_pp``), if any."""
+        return next((step for step in self.path if "ptrs" in step.name), None)
+
+
+@dataclass
+class Side:
+    """One role's registration for a transfer: its pools (kept alive while their addresses are
+    in use), the address book of their buffers, and the assembled ``kv_args``."""
+
+    pools: list[Any]
+    book: AddressBook
+    kv_args: Any
+    bootstrap_errors: list[BaseException]
+
+
+def stage_ranges(num_layers: int, pp_size: int) -> tuple[list[tuple[int, int]], Location | None]:
+    """Each PP stage's ``(start_layer, end_layer)`` from sglang's ``get_pp_indices`` (call it in
+    the role's environment: it reads ``SGLANG_PP_LAYER_PARTITION``), and where it is defined."""
+    split = sys.modules[PP_MODULE].get_pp_indices
+    ranges = [tuple(split(num_layers, rank, pp_size)) for rank in range(pp_size)]
+    return ranges, code_location(split)
+
+
+def pool_class(family: str) -> type | None:
+    """The NPU pool class sglang's model runner builds for the family (``NPU`` + generic name)."""
+    classes = livepools.npu_pool_classes(family)
+    wanted = "NPU" + livepools.GENERIC_POOL[family]
+    return next((c for c in classes if c.__name__ == wanted), classes[0] if classes else None)
+
+
+def kv_classes() -> tuple[type, type]:
+    """``(KVArgs class, manager class)`` sglang's ``get_kv_class`` picks for the ascend backend."""
+    utils = sys.modules[UTILS_MODULE]
+    backend = utils.TransferBackend.ASCEND
+    return (
+        utils.get_kv_class(backend, utils.KVClassType.KVARGS),
+        utils.get_kv_class(backend, utils.KVClassType.MANAGER),
+    )
+
+
+def producer() -> Callable | None:
+    """The installed ``setup_state_kv_args`` (0.5.12+), which sets ``kv_buf_groups`` and the layer counts."""
+    return getattr(sys.modules[UTILS_MODULE], "setup_state_kv_args", None)
+
+
+def build_side(
+    cls: type,
+    model: ModelFacts,
+    role: RoleFacts,
+    layers: tuple[int, int],
+    draft_layers: int,
+    kv_args_class: type,
+    stage: int,
+) -> Side:
+    """A role's pools for ``layers`` (plus a draft pool of ``draft_layers``, numbered after the
+    model's layers) and its ``kv_args``, as the role's ``_init_kv_manager`` registers them."""
+    main = livepools.build_pool(cls, model, role, layers_range=layers)
+    draft = livepools.build_pool(cls, model, role, layers_range=(0, draft_layers)) if draft_layers else None
+    book = AddressBook()
+    book.register(main, main.start_layer)
+    if draft is not None:
+        book.register(draft, model.num_layers, draft=True)
+    errors: list[BaseException] = []
+    kv_args = assemble_kv_args(kv_args_class, main, draft, model, role, stage, errors)
+    return Side([main, draft], book, kv_args, errors)
+
+
+def assemble_kv_args(
+    kv_args_class: type,
+    pool: Any,
+    draft_pool: Any,
+    model: ModelFacts,
+    role: RoleFacts,
+    stage: int,
+    errors: list[BaseException],
+) -> Any:
+    """``kv_args`` as ``_init_kv_manager`` fills them, for the fields the transfer mapping reads.
+
+    sglang's own ``setup_state_kv_args`` completes them where the release has it. It also
+    registers the pools' *state* buffers, which travel by another path than
+    ``send_kvcache``; if the pool cannot even report those (0.5.12's NPU MLA pool without an
+    indexer raises ``TypeError``), the exception is kept in ``errors`` and the producer runs
+    again with the pool reporting none, so the KV mapping can still be probed."""
+    prefill = role.disaggregation_mode == "prefill"
+    kv_args = kv_args_class()
+    kv_args.engine_rank = 0
+    kv_args.pp_rank = stage
+    kv_args.system_dp_rank = 0
+    if prefill:
+        kv_args.prefill_pp_size = role.pp_size
+        kv_args.prefill_start_layer = pool.start_layer
+        kv_args.prefill_end_layer = getattr(pool, "end_layer", None)
+        kv_args.mla_compression_ratios = None
+    ptrs, lens, items = pool.get_contiguous_buf_infos()
+    draft_entries = 0
+    if draft_pool is not None:
+        draft_ptrs, draft_lens, draft_items = draft_pool.get_contiguous_buf_infos()
+        ptrs, lens, items = ptrs + draft_ptrs, lens + draft_lens, items + draft_items
+        draft_entries = len(draft_ptrs)
+    kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = ptrs, lens, items
+    kv_args.num_draft_entries = draft_entries
+    kv_args.kv_layer_ids = _layer_ids(pool, draft_pool, draft_entries, model)
+    if not model.attention.is_mla:
+        kv_args.kv_head_num = pool.head_num
+        kv_args.total_kv_head_num = model.num_kv_heads
+    kv_args.page_size = pool.page_size
+    kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = [], [], []
+    kv_args.state_data_ptrs, kv_args.state_data_lens, kv_args.state_item_lens = [], [], []
+    kv_args.ib_device = None
+    kv_args.gpu_id = 0
+    setup = producer()
+    if setup is not None:
+        try:
+            setup(kv_args, pool, draft_pool, model.num_layers, req_to_token_pool=None)
+        except Exception as error:
+            if not _raised_in(error, "get_state_buf_infos"):
+                raise
+            errors.append(error)
+            with _no_state_buffers(pool, draft_pool):
+                setup(kv_args, pool, draft_pool, model.num_layers, req_to_token_pool=None)
+    return kv_args
+
+
+def _layer_ids(pool: Any, draft_pool: Any, draft_entries: int, model: ModelFacts) -> list[int]:
+    build = getattr(sys.modules[UTILS_MODULE], "build_kv_layer_ids", None)  # 0.5.2x
+    if build is None:
+        return []
+    return build(
+        token_to_kv_pool=pool,
+        draft_token_to_kv_pool=draft_pool,
+        num_draft_entries=draft_entries,
+        num_hidden_layers=model.num_layers,
+    )
+
+
+def _raised_in(error: BaseException, function: str) -> bool:
+    return any(frame.name == function for frame in traceback.extract_tb(error.__traceback__))
+
+
+@contextlib.contextmanager
+def _no_state_buffers(*pools: Any) -> Iterator[None]:
+    for pool in pools:
+        if pool is not None:
+            pool.get_state_buf_infos = lambda: ([], [], [])
+    try:
+        yield
+    finally:
+        for pool in pools:
+            if pool is not None:
+                del pool.get_state_buf_infos
+
+
+def stand_in_manager(manager_class: type, kv_args: Any, role: RoleFacts, stage: int, is_mla: bool) -> Any:
+    """The ascend manager without its ``__init__`` (which opens sockets and registers memory
+    with the transfer engine): the attributes ``send_kvcache`` reads, set from the prefill
+    role as ``CommonKVManager.__init__`` sets them, and a recording engine."""
+    manager = object.__new__(manager_class)
+    utils = sys.modules[UTILS_MODULE]
+    values = {
+        "kv_args": kv_args,
+        "engine": TransferRecorder(),
+        "disaggregation_mode": utils.DisaggregationMode.PREFILL,
+        "pp_size": role.pp_size,
+        "pp_rank": stage,
+        "tp_size": role.tp_size,
+        "attn_tp_size": max(1, role.tp_size // max(1, role.dp_size)),
+        "is_mla_backend": is_mla,
+        "is_hybrid_mla_backend": False,
+        "enable_custom_mem_pool": False,  # sglang's default (--enable-custom-mem-pool off)
+        "enable_staging": False,
+    }
+    for name, value in values.items():
+        setattr(manager, name, value)
+    return manager
+
+
+def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role: RoleFacts) -> StageMapping:
+    """Call the installed ``send_kvcache`` for one request and decode every recorded block."""
+    import numpy as np
+
+    start, end = prefill.pools[0].start_layer, prefill.pools[0].start_layer + prefill.pools[0].layer_num
+    mapping = StageMapping(stage, start, end)
+    mapping.registered = [s for s in map(prefill.book.locate, manager.kv_args.kv_data_ptrs) if s is not None]
+    recorder = manager.engine
+    path: list[Step] = []
+
+    def send() -> int:
+        recorder.blocks.clear()
+        path.clear()
+        with (
+            _stage_topology(role, stage),
+            concurrent.futures.ThreadPoolExecutor(max_workers=2) as executor,
+            _traced(path),
+        ):
+            return manager.send_kvcache(
+                "npudoctor-session",
+                np.array(PREFILL_PAGES, dtype=np.int32),
+                list(decode.kv_args.kv_data_ptrs),
+                np.array(DECODE_PAGES, dtype=np.int32),
+                executor,
+            )
+
+    try:
+        livepools.in_role(role, lambda: _with_published_server_args(role, send))
+    except AttributeError as error:
+        if getattr(error, "obj", None) in (manager, recorder):
+            raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
+        mapping.error = error
+    except Exception as error:
+        mapping.error = error
+    mapping.path = list({step.name: step for step in path}.values())
+    _decode_blocks(mapping, recorder.blocks, prefill.book, decode.book)
+    return mapping
+
+
+def _decode_blocks(mapping: StageMapping, blocks, source_book: AddressBook, target_book: AddressBook) -> None:
+    for source, target, length in blocks:
+        found = source_book.find(source)
+        if found is None:
+            mapping.unknown_sources += 1
+            continue
+        slot, source_room = found
+        landed = target_book.find(target)
+        mapping.sent.setdefault(slot, set()).add(landed[0] if landed else None)
+        if length > source_room or (landed is not None and length > landed[1]):
+            mapping.overruns += 1
+
+
+class _StageGroup:
+    """The PP process group of one prefill stage, as ``get_parallel().pp_group`` exposes it."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank_in_group = rank
+        self.world_size = size
+        self.is_first_rank = rank == 0
+        self.is_last_rank = rank == size - 1
+
+
+@contextlib.contextmanager
+def _stage_topology(role: RoleFacts, stage: int) -> Iterator[None]:
+    """On releases with a runtime parallel context (``sglang.srt.runtime_context``), this
+    stage's place in the pipeline: 0.5.2x reads ``get_parallel().pp_group.is_last_rank`` to
+    decide whether the stage sends draft KV."""
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    if runtime is None or not hasattr(runtime, "get_parallel"):
+        yield
+        return
+    group = _StageGroup(stage, role.pp_size)
+    with runtime.get_parallel().override(pp_size=role.pp_size, pp_rank=stage, pp_group=group):
+        yield
+
+
+def _with_published_server_args(role: RoleFacts, call: Callable[[], T]) -> T:
+    """Run ``call``; if sglang finds a config namespace unpublished (0.5.23's transfer path
+    reads ``get_memory().enable_unified_memory``), publish the role's server arguments as the
+    scheduler process has them, run it again, and restore the runtime context afterwards."""
+    try:
+        return call()
+    except ValueError as error:
+        if not _UNPUBLISHED.search(str(error)):
+            raise
+    context = sys.modules[RUNTIME_MODULE].get_context()
+    server_args_class = importlib.import_module("sglang.srt.server_args").ServerArgs
+    accepted = inspect.signature(server_args_class).parameters
+    given = {k: v for k, v in role.server_args.items() if k in accepted}
+    given["disaggregation_mode"] = role.disaggregation_mode
+    saved = [(part, _state_of(part)) for part in _context_parts(context)]
+    try:
+        context.set_server_args(server_args_class(model_path="npudoctor-live-probe", **given))
+        return call()
+    finally:
+        for part, state in saved:
+            for name, value in state.items():
+                setattr(part, name, value)
+
+
+def _context_parts(context: Any) -> list[Any]:
+    """The runtime context objects whose attributes ``set_server_args`` rebinds."""
+    flags = getattr(context, "flags", None)
+    parts = [context, getattr(context, "parallel", None), getattr(flags, "capture", None)]
+    return [part for part in parts if part is not None]
+
+
+def _state_of(obj: Any) -> dict[str, Any]:
+    """An object's attributes: its ``__dict__``, ``__slots__`` and msgspec struct fields."""
+    state = dict(getattr(obj, "__dict__", {}))
+    names = [name for cls in type(obj).__mro__ for name in _as_names(cls.__dict__.get("__slots__"))]
+    names += _as_names(getattr(type(obj), "__struct_fields__", None))
+    for name in names:
+        if not name.startswith("__") and hasattr(obj, name):
+            state[name] = getattr(obj, name)
+    return state
+
+
+def _as_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return list(value) if isinstance(value, (tuple, list)) else []
+
+
+@contextlib.contextmanager
+def _traced(path: list[Step]) -> Iterator[None]:
+    """Record the sglang disaggregation functions called on this thread: the splitter taken."""
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        where = relative(code.co_filename)
+        if where and "/disaggregation/" in where and not code.co_name.startswith("<"):
+            name = getattr(code, "co_qualname", code.co_name)
+            path.append(Step(name, Location(where, code.co_firstlineno, name)))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
