@@ -1,1 +1,42 @@
-"""Runtime overrides, one module per check id (same id as the check they fix)."""
+"""Runtime overrides, one module per check id (same id as the check they fix).
+
+For embedders that start sglang's engine in their own process::
+
+    import npudoctor.fixes
+    decisions = npudoctor.fixes.apply()            # or apply(["NPD001"], config="deploy.yaml")
+    ...
+    npudoctor.fixes.revert()                       # restores the exact original objects
+
+``apply`` decides like ``npudoctor fix`` (the check must find the defect, the code must be
+a shape the fix was written for) and arms the accepted fixes: they are installed now if
+sglang's modules are already imported, else when they are. It never raises for a fix
+that cannot apply; the returned decisions say why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def apply(fix_ids: list[str] | None = None, *, config: str | Path | None = None, unsafe: bool = False):
+    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fix.Decision`` per fix."""
+    from npudoctor import activation, fixing
+    from npudoctor.runner import load_deployment_from
+    from npudoctor.target import discover
+
+    target = discover()
+    planned = fixing.plan(
+        fixing.select_fixes(list(fix_ids or [])),
+        target,
+        load_deployment_from(Path(config) if config is not None else None),
+        unsafe,
+    )
+    activation.enable(activation.plan_of(fixing.record_document(planned, target)))
+    return [p.decision for p in planned]
+
+
+def revert(fix_ids: list[str] | None = None) -> list[str]:
+    """Take out the fixes installed in this process (all by default); returns their ids."""
+    from npudoctor import activation
+
+    return activation.revert(fix_ids)

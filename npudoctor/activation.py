@@ -72,6 +72,11 @@ def enable(plan: dict[str, dict[str, str]]) -> None:
             wrapt.register_post_import_hook(_hook(fix_id, shape, modules), module)
 
 
+def plan_of(document: dict) -> dict[str, dict[str, str]]:
+    """``{fix id: shape}`` of a record document (``npudoctor.fixing.record_document``)."""
+    return {fix_id: entry["shape"] for fix_id, entry in document["fixes"].items()}
+
+
 def outcomes() -> dict[str, str]:
     """What became of each fix enabled in this process so far."""
     return dict(_outcomes)
@@ -115,8 +120,7 @@ def bootstrap() -> None:
         return
     try:
         with open(path, encoding="utf-8") as handle:
-            plan = json.load(handle)["fixes"]
-        enable(plan)
+            enable(plan_of(json.load(handle)))
     except Exception as error:
         say_once(f"runtime fixes not applied: cannot read {path}: {type(error).__name__}: {error}")
 

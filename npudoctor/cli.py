@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -58,6 +59,11 @@ class Format(str, Enum):
     sarif = "sarif"
     github = "github"
     markdown = "markdown"
+
+
+class DataFormat(str, Enum):
+    text = "text"
+    json = "json"
 
 
 class FailOn(str, Enum):
@@ -182,6 +188,216 @@ def _emit(report, format_name: str, output: Path | None) -> None:
         from npudoctor.formatters.github import write_step_summary
 
         write_step_summary(report, summary_path)
+
+
+@app.command(
+    context_settings={"allow_extra_args": False},
+    epilog=(
+        "Without --apply, --revert or --status: print the plan (what would be patched, where, "
+        "why) and change nothing. Fixes are applied only where their check fails for the "
+        "deployment and the code is a shape the fix was written for. Kill switch for every "
+        "process: NPUDOCTOR_DISABLE_FIXES=1.\n\n" + EXIT_CODES_HELP
+    ),
+)
+def fix(
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Record the fixes so every sglang process applies them at start.")
+    ] = False,
+    revert: Annotated[bool, typer.Option("--revert", help="Remove everything --apply created.")] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="Show what is recorded and whether it still fits.")
+    ] = False,
+    select: Annotated[
+        list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
+    ] = None,
+    unsafe: Annotated[
+        bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
+    ] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: assume the worst case.")
+    ] = None,
+    sglang_path: Annotated[
+        Path | None, typer.Option("--sglang-path", help="Plan for this unpacked wheel or source tree.")
+    ] = None,
+    site: Annotated[
+        Path | None,
+        typer.Option(
+            "--site",
+            help="Directory on sglang's sys.path for the record (default: this interpreter's site-packages, "
+            "or $NPUDOCTOR_SITE).",
+        ),
+    ] = None,
+    output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
+) -> None:
+    """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
+    from npudoctor import fixing, registration
+    from npudoctor.runner import load_deployment_from
+    from npudoctor.target import discover
+
+    if sum((apply, revert, status)) > 1:
+        raise InputError("give at most one of --apply, --revert, --status")
+    as_json = output_format is DataFormat.json
+    console = Console(highlight=False)
+    if revert:
+        removed = registration.remove(site)
+        _fix_output(as_json, {"reverted": str(removed) if removed else None},
+                    f"removed {removed}" if removed else "nothing to revert: no fix is recorded in "
+                    f"{registration.site_dir(site)}")  # fmt: skip
+        return
+    target = discover(sglang_path)
+    if status:
+        document = registration.read(site)
+        if document is None:
+            _fix_output(as_json, {"recorded": None}, f"no fix is recorded in {registration.site_dir(site)}")
+            return
+        rows = fixing.status(document, target)
+        if as_json:
+            _fix_output(True, {"recorded": document, "status": [r.__dict__ for r in rows]}, "")
+            return
+        console.print(f"recorded in {registration.site_dir(site) / registration.DIST_INFO}")
+        _plugin_note(console, target)
+        for row in rows:
+            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        return
+    planned = fixing.plan(
+        fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
+        target,
+        load_deployment_from(config),
+        unsafe,
+    )
+    document = fixing.record_document(planned, target)
+    if apply:
+        if not document["fixes"]:
+            _fix_output(as_json, {"applied": [], "plan": _plan_json(planned)},
+                        "nothing to apply: " + "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned))  # fmt: skip
+            return
+        path = registration.write(document, site)
+        if as_json:
+            _fix_output(
+                True,
+                {"applied": sorted(document["fixes"]), "record": str(path), "plan": _plan_json(planned)},
+                "",
+            )
+            return
+        _print_plan(console, planned)
+        console.print(f"recorded {', '.join(sorted(document['fixes']))} in {path}")
+        _plugin_note(console, target)
+        return
+    if as_json:
+        _fix_output(True, {"plan": _plan_json(planned)}, "")
+        return
+    _print_plan(console, planned)
+    console.print("nothing changed: `npudoctor fix --apply` records the fixes marked apply")
+
+
+def _plan_json(planned) -> list[dict]:
+    return [
+        {
+            "id": p.fix.id,
+            "action": p.decision.action.value,
+            "reason": p.decision.reason,
+            "safety": p.fix.safety.value,
+            "upstream": p.fix.upstream,
+            "replaces": list(p.fix.replaces),
+            "release": p.decision.release,
+        }
+        for p in planned
+    ]
+
+
+def _print_plan(console: Console, planned) -> None:
+    table = Table(show_header=True, header_style="bold")
+    for column in ("ID", "Action", "Safety", "Replaces", "Why"):
+        table.add_column(column, no_wrap=column in ("ID", "Action", "Safety"), overflow="fold")
+    for p in planned:
+        table.add_row(
+            p.fix.id,
+            p.decision.action.value,
+            p.fix.safety.value,
+            "\n".join(s.split(":")[1] for s in p.fix.replaces),
+            escape(f"{p.decision.reason}\n{p.fix.upstream}"),
+        )
+    console.print(table)
+
+
+def _plugin_note(console: Console, target) -> None:
+    from npudoctor import fixing
+
+    if fixing.loads_plugins(target):
+        console.print(
+            f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) in every "
+            "scheduler process; SGLANG_PLUGINS, if set, must name it"
+        )
+    else:
+        console.print(
+            f"[bold]note[/]: sglang {target.version} loads no plugins (the sglang.srt.plugins group "
+            "arrived in 0.5.11): start the server with `npudoctor run -- python -m sglang.launch_server ...`"
+        )
+
+
+def _fix_output(as_json: bool, data: dict, text: str) -> None:
+    import json
+
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        Console(highlight=False).print(escape(text))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog=(
+        "Every Python process the command starts, sglang's spawned schedulers included, applies "
+        "the fixes when sglang's modules are imported (a sitecustomize on PYTHONPATH); works for "
+        "every sglang release. The deployment is read from the launch command (or --config). "
+        "Exit code: the command's; 126/127 when it cannot run or is not found; 2 for bad npudoctor "
+        "options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
+    ),
+)
+def run(
+    ctx: typer.Context,
+    select: Annotated[
+        list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
+    ] = None,
+    unsafe: Annotated[
+        bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
+    ] = False,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: the launch command's.")
+    ] = None,
+) -> None:
+    """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
+    from npudoctor import deployment, fixing
+    from npudoctor.runner import load_deployment_from
+    from npudoctor.target import discover
+
+    command = list(ctx.args)
+    if command and command[0].startswith("-"):
+        raise InputError(f"unknown option {command[0]!r} (the command goes after '--')")
+    if not command:
+        raise InputError(
+            "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
+        )
+    if shutil.which(command[0]) is None:
+        raise fixing.CommandNotFound(f"run: command not found: {command[0]}")
+    if config is not None:
+        deploy = load_deployment_from(config)
+    else:
+        try:
+            deploy = deployment.from_command(command)
+        except InputError:
+            deploy = deployment.no_deployment()  # not an sglang launch we can read: assume the worst
+    target = discover()
+    planned = fixing.plan(
+        fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
+        target,
+        deploy,
+        unsafe,
+    )
+    document = fixing.record_document(planned, target)
+    for p in planned:
+        _say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
+    raise typer.Exit(fixing.run_command(command, document))
 
 
 @app.command("list")

@@ -122,8 +122,9 @@ def read_plan() -> dict[str, dict[str, str]]:
     text = distribution.read_text(PLAN_FILE)
     if text is None:
         raise FileNotFoundError(f"{DIST_NAME} has no {PLAN_FILE}")
-    document = json.loads(text)
-    return {fix_id: entry["shape"] for fix_id, entry in document["fixes"].items()}
+    from npudoctor.activation import plan_of
+
+    return plan_of(json.loads(text))
 
 
 def _record(files: dict[str, str]) -> str:

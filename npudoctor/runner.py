@@ -134,6 +134,11 @@ def select_checks(ids: list[str]) -> list[Check]:
     return [known[i] for i in dict.fromkeys(wanted)]
 
 
+def load_deployment_from(config: Path | None) -> deployment.Deployment:
+    """The deployment of a YAML file, or none (every check assumes its worst case)."""
+    return deployment.from_yaml(config) if config is not None else deployment.no_deployment()
+
+
 def load_deployment(request: CheckRequest) -> deployment.Deployment:
     given = [
         name

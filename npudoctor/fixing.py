@@ -1,0 +1,170 @@
+"""``npudoctor fix`` and ``npudoctor run``: decide, record, revert, report and launch.
+
+The CLI only gathers options; the decisions live here so tests and embedders get the
+same behaviour. Patching itself happens in the processes that run sglang
+(``npudoctor.activation``); this module never imports sglang.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from npudoctor import activation, registration
+from npudoctor.deployment import Deployment
+from npudoctor.errors import InputError
+from npudoctor.fix import Action, Decision, Fix, all_fixes, decide
+from npudoctor.target import Target
+
+SCHEMA = 1
+BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"  # holds the sitecustomize.py of `npudoctor run`
+
+
+@dataclass(frozen=True)
+class Planned:
+    fix: Fix
+    decision: Decision
+
+
+def select_fixes(ids: list[str]) -> list[Fix]:
+    fixes = all_fixes()
+    if not ids:
+        return fixes
+    known = {f.id: f for f in fixes}
+    wanted = [i.strip().upper() for i in ids]
+    unknown = [i for i in wanted if i not in known]
+    if unknown:
+        raise InputError(f"--select: no fix for {', '.join(unknown)} (fixes: {', '.join(known)})")
+    return [known[i] for i in dict.fromkeys(wanted)]
+
+
+def plan(fixes: list[Fix], target: Target, deploy: Deployment, allow_unsafe: bool) -> list[Planned]:
+    return [Planned(fix, decide(fix, target, deploy.facts, allow_unsafe)) for fix in fixes]
+
+
+def record_document(planned: list[Planned], target: Target) -> dict:
+    """What ``--apply`` records and ``npudoctor run`` hands its bootstrap."""
+    return {
+        "schema": SCHEMA,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "sglang": {"version": target.version, "path": str(target.package_dir)},
+        "fixes": {
+            p.fix.id: {
+                "shape": p.decision.shape,
+                "release": p.decision.release,
+                "upstream": p.fix.upstream,
+                "safety": p.fix.safety.value,
+                "replaces": list(p.fix.replaces),
+            }
+            for p in planned
+            if p.decision.action is Action.APPLY
+        },
+    }
+
+
+def loads_plugins(target: Target) -> bool:
+    """Whether this sglang loads the ``sglang.srt.plugins`` entry-point group (0.5.11+)."""
+    path = target.tree.module_path("sglang.srt.plugins")
+    return path is not None and registration.PLUGIN_GROUP.encode() in target.tree.read(path)
+
+
+@dataclass(frozen=True)
+class SiteStatus:
+    """One recorded fix as ``--status`` sees it."""
+
+    fix_id: str
+    state: str  # "in place" | "stale" | "unknown fix"
+    detail: str
+
+
+def status(document: dict, target: Target) -> list[SiteStatus]:
+    """Whether each recorded fix still matches the installed code (sglang may have changed since)."""
+    from npudoctor.fix import fix_by_id
+
+    found = []
+    for fix_id, entry in sorted(document["fixes"].items()):
+        try:
+            fix = fix_by_id(fix_id)
+        except KeyError:
+            found.append(SiteStatus(fix_id, "unknown fix", "this npudoctor has no such fix"))
+            continue
+        recorded = entry.get("shape", {})
+        current = fix.shape_of_source(target.tree)
+        changed = sorted(site for site in recorded if current.get(site) != recorded[site])
+        if changed:
+            found.append(
+                SiteStatus(
+                    fix_id,
+                    "stale",
+                    "the installed code changed since --apply; sglang's processes will refuse it: "
+                    + ", ".join(changed),
+                )
+            )
+        else:
+            found.append(
+                SiteStatus(
+                    fix_id,
+                    "in place",
+                    f"replaces {', '.join(s.split(':')[1] for s in entry.get('replaces', []))} "
+                    f"(written for sglang {entry.get('release')})",
+                )
+            )
+    return found
+
+
+def run_command(command: list[str], document: dict) -> int:
+    """Run ``command`` with the bootstrap on ``PYTHONPATH``; returns its exit code.
+
+    Every Python interpreter the command starts (sglang's spawned schedulers included)
+    imports the bootstrap's ``sitecustomize``, which enables ``document``'s fixes. The plan
+    file lives in a temporary directory for the duration of the command.
+    """
+    if not command:
+        raise InputError(
+            "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
+        )
+    executable = shutil.which(command[0])
+    if executable is None:
+        raise CommandNotFound(f"run: command not found: {command[0]}")
+    workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
+    try:
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps(document), encoding="utf-8")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+        env[activation.RUN_PLAN] = str(plan_path)
+        try:
+            child = subprocess.Popen([executable, *command[1:]], env=env)
+        except OSError as error:
+            raise CommandNotFound(f"run: cannot execute {command[0]}: {error.strerror}", 126) from None
+        previous = {sig: signal.signal(sig, _forward(child)) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class CommandNotFound(InputError):
+    """The command given to ``npudoctor run`` does not exist or cannot run (exit 127 / 126, as ``env`` does)."""
+
+    def __init__(self, message: str, exit_code: int = 127):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _forward(child: subprocess.Popen):
+    def handler(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    return handler

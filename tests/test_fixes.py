@@ -1,0 +1,190 @@
+"""Runtime fixes on real releases: needed only where the check fails, proven by the check's live
+probe, reversible to the exact original objects, delivered in-process, through `npudoctor run`
+(a real spawn child) and through sglang's own plugin loader; records leave no residue."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, REPO, RELEASES, TRUTH, replace_text, truth_verdict
+
+from npudoctor.fix import all_fixes
+
+# The deployment each fix is proven on: one where its check's defect bites.
+SCENARIOS = {
+    "NPD001": EXAMPLES / "deepseek-v3.2-pd.yaml",
+}
+FIX_IDS = sorted(SCENARIOS)
+
+
+def buggy(fix_id: str) -> list[str]:
+    return [v for v in RELEASES if truth_verdict(v, fix_id) == "present"]
+
+
+def fixed(fix_id: str) -> list[str]:
+    return [v for v in RELEASES if truth_verdict(v, fix_id) == "absent"]
+
+
+def fixprobe(mode: str, fix_id: str, tree: Path, *prefix: str, env: dict | None = None) -> dict:
+    """Run tests/fixprobe.py in a fresh interpreter with ``tree`` on PYTHONPATH."""
+    environment = {**os.environ, **(env or {})}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(tree), environment.get("PYTHONPATH", "")) if p
+    )
+    command = [*prefix, sys.executable, str(REPO / "tests" / "fixprobe.py"), mode, fix_id, str(SCENARIOS[fix_id])]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
+def test_every_fix_has_a_scenario_and_a_check():
+    ids = {f.id for f in all_fixes()}
+    assert ids == set(SCENARIOS), "each fix needs a deployment it is proven on"
+    for fix in all_fixes():
+        assert fix.check.id == fix.id and fix.upstream.startswith("https://github.com/sgl-project/sglang/pull/")
+        assert fix.replaces and fix.written_for
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_written_for_matches_the_real_releases(fix_id, release):
+    """The shape table is read from real wheels; a stale entry would refuse a release it was written for."""
+    from npudoctor.fix import fix_by_id
+    from npudoctor.target import discover
+
+    fix = fix_by_id(fix_id)
+    for label, shape in fix.written_for.items():
+        for version in label.split(", "):
+            assert fix.shape_of_source(discover(release(version)).tree) == shape, version
+
+
+@pytest.mark.parametrize(("fix_id", "version"), [(f, v) for f in FIX_IDS for v in buggy(f)])
+def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, release):
+    result = fixprobe("inprocess", fix_id, release(version))
+    assert result["decision"] == "apply", result
+    assert result["with_fix"]["status"] == "pass", result
+    assert result["after_revert"]["status"] == "fail", result
+    assert result["patched"] and result["restored"], result
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_fixed_release_needs_no_fix(fix_id, cli, release):
+    version = fixed(fix_id)[-1]
+    code, out, err = cli(
+        "fix", "--format", "json", "--select", fix_id, "--sglang-path", release(version),
+        "--config", SCENARIOS[fix_id],
+    )  # fmt: skip
+    assert code == 0, err
+    (entry,) = json.loads(out)["plan"]
+    assert entry["action"] == "not needed" and f"{fix_id} pass" in entry["reason"]
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_with_fix_turns_the_live_check_green(fix_id, live_report):
+    version = buggy(fix_id)[-1]
+    plain = next(r for r in live_report(version, SCENARIOS[fix_id])["results"] if r["id"] == fix_id)
+    fixed_run = live_report(version, SCENARIOS[fix_id], "--with-fix", fix_id, depth="auto")
+    result = next(r for r in fixed_run["results"] if r["id"] == fix_id)
+    assert plain["status"] == "fail"
+    assert (result["status"], result["depth"]) == ("pass", "live"), result
+    assert result["summary"].startswith(f"with runtime fix {fix_id}:")
+    assert any("the installed source, read statically: fail" in a for a in result["assumptions"])
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_npudoctor_run_reaches_a_spawned_child(fix_id, release):
+    version = buggy(fix_id)[0]  # the oldest: no plugin loader, only the bootstrap can deliver it
+    run = [sys.executable, "-m", "npudoctor", "run", "--config", str(SCENARIOS[fix_id]), "--select", fix_id, "--"]
+    result = fixprobe("spawn", fix_id, release(version), *run)
+    assert result["status"] == "pass" and result["fixes"] == {fix_id: "applied"}, result
+    unpatched = fixprobe("spawn", fix_id, release(version))
+    assert unpatched["status"] == "fail" and unpatched["fixes"] == {}
+
+
+def test_kill_switch_leaves_every_process_unpatched(release):
+    run = [sys.executable, "-m", "npudoctor", "run", "--config", str(SCENARIOS["NPD001"]), "--"]
+    result = fixprobe("spawn", "NPD001", release("0.5.12"), *run, env={"NPUDOCTOR_DISABLE_FIXES": "1"})
+    assert result["status"] == "fail" and result["fixes"] == {}
+    assert "NPUDOCTOR_DISABLE_FIXES is set" in result["stderr"]
+
+
+def _tree_hash(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        digest.update(str(path.relative_to(directory)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def fresh_env(tmp_path_factory) -> tuple[Path, Path]:
+    """A new virtual environment (python, site-packages) that sees this checkout's npudoctor
+    and its dependencies through a .pth file, as an image with npudoctor installed would."""
+    root = tmp_path_factory.mktemp("env")
+    venv.EnvBuilder(with_pip=False).create(root)
+    python = root / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    ours = [p for p in sys.path if p.endswith("site-packages")]
+    # addsitedir also runs that directory's .pth files: the editable install's finder among them
+    lines = [f"import site; site.addsitedir({p!r})" for p in ours]
+    (site / "npudoctor-test-deps.pth").write_text("\n".join(lines) + "\n")
+    return python, site
+
+
+def test_apply_reaches_sglang_plugin_loader_and_revert_leaves_site_packages_identical(fresh_env, release):
+    python, site = fresh_env
+    tree = release(buggy("NPD001")[-1])
+    before = _tree_hash(site)
+    npudoctor = [python, "-m", "npudoctor", "fix", "--sglang-path", str(tree), "--config", str(SCENARIOS["NPD001"])]
+    applied = subprocess.run([*npudoctor, "--apply"], capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert "loads the plugin 'npudoctor'" in applied.stdout
+    assert _tree_hash(site) != before
+    again = subprocess.run([*npudoctor, "--apply"], capture_output=True, text=True)  # idempotent
+    assert again.returncode == 0 and len(list(site.glob("npudoctor_fixes_activation-*"))) == 1
+
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    probe = subprocess.run(
+        [python, str(REPO / "tests" / "fixprobe.py"), "plugin", "NPD001", str(SCENARIOS["NPD001"])],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    result = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert result["status"] == "pass" and result["fixes"] == {"NPD001": "applied"}, result
+
+    status = subprocess.run([*npudoctor[:3], "fix", "--status", "--sglang-path", str(tree)], capture_output=True, text=True)
+    assert "NPD001  in place" in status.stdout, status.stdout + status.stderr
+    reverted = subprocess.run([*npudoctor[:3], "fix", "--revert"], capture_output=True, text=True)
+    assert reverted.returncode == 0, reverted.stderr
+    assert _tree_hash(site) == before
+
+
+def test_an_unknown_shape_is_refused_with_the_sites_that_differ(cli, release, overlay):
+    tree = overlay(release("0.5.12"))
+    pool = tree / "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
+    replace_text(pool, "self.index_head_dim = index_head_dim", "self.index_head_dim = index_head_dim or None")
+    code, out, err = cli(
+        "fix", "--format", "json", "--sglang-path", tree, "--config", SCENARIOS["NPD001"], "--select", "NPD001"
+    )
+    assert code == 0, err
+    (entry,) = json.loads(out)["plan"]
+    assert entry["action"] == "refused"
+    assert "NPUMLATokenToKVPool.__init__" in entry["reason"] and "not a shape this fix was written for" in entry["reason"]
+
+
+def test_truth_lists_the_releases_fixes_are_proven_on():
+    for fix_id in FIX_IDS:
+        assert buggy(fix_id) and fixed(fix_id), f"known.yaml needs a buggy and a fixed release for {fix_id}"
+    assert TRUTH["releases"]
