@@ -13,7 +13,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO, RELEASES, TRUTH, replace_text, truth_verdict
+from conftest import EXAMPLES, RELEASES, REPO, TRUTH, replace_text, truth_verdict
 
 from npudoctor.fix import all_fixes
 
@@ -38,7 +38,14 @@ def fixprobe(mode: str, fix_id: str, tree: Path, *prefix: str, env: dict | None 
     environment["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(tree), environment.get("PYTHONPATH", "")) if p
     )
-    command = [*prefix, sys.executable, str(REPO / "tests" / "fixprobe.py"), mode, fix_id, str(SCENARIOS[fix_id])]
+    command = [
+        *prefix,
+        sys.executable,
+        str(REPO / "tests" / "fixprobe.py"),
+        mode,
+        fix_id,
+        str(SCENARIOS[fix_id]),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
@@ -48,7 +55,9 @@ def test_every_fix_has_a_scenario_and_a_check():
     ids = {f.id for f in all_fixes()}
     assert ids == set(SCENARIOS), "each fix needs a deployment it is proven on"
     for fix in all_fixes():
-        assert fix.check.id == fix.id and fix.upstream.startswith("https://github.com/sgl-project/sglang/pull/")
+        assert fix.check.id == fix.id and fix.upstream.startswith(
+            "https://github.com/sgl-project/sglang/pull/"
+        )
         assert fix.replaces and fix.written_for
 
 
@@ -100,7 +109,17 @@ def test_with_fix_turns_the_live_check_green(fix_id, live_report):
 @pytest.mark.parametrize("fix_id", FIX_IDS)
 def test_npudoctor_run_reaches_a_spawned_child(fix_id, release):
     version = buggy(fix_id)[0]  # the oldest: no plugin loader, only the bootstrap can deliver it
-    run = [sys.executable, "-m", "npudoctor", "run", "--config", str(SCENARIOS[fix_id]), "--select", fix_id, "--"]
+    run = [
+        sys.executable,
+        "-m",
+        "npudoctor",
+        "run",
+        "--config",
+        str(SCENARIOS[fix_id]),
+        "--select",
+        fix_id,
+        "--",
+    ]
     result = fixprobe("spawn", fix_id, release(version), *run)
     assert result["status"] == "pass" and result["fixes"] == {fix_id: "applied"}, result
     unpatched = fixprobe("spawn", fix_id, release(version))
@@ -147,7 +166,16 @@ def test_apply_reaches_sglang_plugin_loader_and_revert_leaves_site_packages_iden
     python, site = fresh_env
     tree = release(buggy("NPD001")[-1])
     before = _tree_hash(site)
-    npudoctor = [python, "-m", "npudoctor", "fix", "--sglang-path", str(tree), "--config", str(SCENARIOS["NPD001"])]
+    npudoctor = [
+        python,
+        "-m",
+        "npudoctor",
+        "fix",
+        "--sglang-path",
+        str(tree),
+        "--config",
+        str(SCENARIOS["NPD001"]),
+    ]
     applied = subprocess.run([*npudoctor, "--apply"], capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr
     assert "loads the plugin 'npudoctor'" in applied.stdout
@@ -164,7 +192,9 @@ def test_apply_reaches_sglang_plugin_loader_and_revert_leaves_site_packages_iden
     result = json.loads(probe.stdout.strip().splitlines()[-1])
     assert result["status"] == "pass" and result["fixes"] == {"NPD001": "applied"}, result
 
-    status = subprocess.run([*npudoctor[:3], "fix", "--status", "--sglang-path", str(tree)], capture_output=True, text=True)
+    status = subprocess.run(
+        [*npudoctor[:3], "fix", "--status", "--sglang-path", str(tree)], capture_output=True, text=True
+    )
     assert "NPD001  in place" in status.stdout, status.stdout + status.stderr
     reverted = subprocess.run([*npudoctor[:3], "fix", "--revert"], capture_output=True, text=True)
     assert reverted.returncode == 0, reverted.stderr
@@ -176,12 +206,23 @@ def test_an_unknown_shape_is_refused_with_the_sites_that_differ(cli, release, ov
     pool = tree / "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
     replace_text(pool, "self.index_head_dim = index_head_dim", "self.index_head_dim = index_head_dim or None")
     code, out, err = cli(
-        "fix", "--format", "json", "--sglang-path", tree, "--config", SCENARIOS["NPD001"], "--select", "NPD001"
+        "fix",
+        "--format",
+        "json",
+        "--sglang-path",
+        tree,
+        "--config",
+        SCENARIOS["NPD001"],
+        "--select",
+        "NPD001",
     )
     assert code == 0, err
     (entry,) = json.loads(out)["plan"]
     assert entry["action"] == "refused"
-    assert "NPUMLATokenToKVPool.__init__" in entry["reason"] and "not a shape this fix was written for" in entry["reason"]
+    assert (
+        "NPUMLATokenToKVPool.__init__" in entry["reason"]
+        and "not a shape this fix was written for" in entry["reason"]
+    )
 
 
 def test_truth_lists_the_releases_fixes_are_proven_on():
