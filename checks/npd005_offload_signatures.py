@@ -842,7 +842,6 @@ def _param_stored_in_self(func, param: str) -> list[str] | None:
     return attrs or None
 
 
-
 # ----- the live probe ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _graph(package_dir: Path) -> _OffloadGraph:
@@ -1042,7 +1041,9 @@ class _LiveProbe:
                 if keyword.arg is None:
                     notes.append(f"{site.where()} also spreads **{ast.unparse(keyword.value)}: not exercised")
                     continue
-                values[keyword.arg], note = _keyword_value(keyword.arg, ast.unparse(keyword.value), mamba_index)
+                values[keyword.arg], note = _keyword_value(
+                    keyword.arg, ast.unparse(keyword.value), mamba_index
+                )
                 notes += [note] if note else []
             entries.append(_Entry(site, values, notes))
         return entries
@@ -1103,7 +1104,11 @@ class _LiveProbe:
         where = call.location()
         observed = (
             f"{by} calls {call.resolved} "
-            + (f"({where.path}:{where.line}: def {liveoffload.signature_of(call.function)}) " if where else "")
+            + (
+                f"({where.path}:{where.line}: def {liveoffload.signature_of(call.function)}) "
+                if where
+                else ""
+            )
             + f"with {call.received()} -> TypeError: {error}; raised at {caller.path}:{caller.line}"
             + run.payload_note
             + _LIVE

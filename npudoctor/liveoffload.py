@@ -57,7 +57,9 @@ class LevelCall:
     function: Callable[..., Any]  # the function the call resolved to (through the MRO)
     positional: int
     keywords: dict[str, Any]
-    caller: Location | None  # the sglang line that made the call (None: npudoctor, standing in for the scheduler)
+    caller: (
+        Location | None
+    )  # the sglang line that made the call (None: npudoctor, standing in for the scheduler)
     bind_error: str | None = None  # the call did not bind: the function never ran
     children: list[int] = field(default_factory=list)
 
@@ -110,7 +112,9 @@ def recording(root: Any) -> Iterator[list[LevelCall]]:
                 vars(obj).pop(name, None)
 
 
-def _recorder(obj: Any, name: str, bound: Any, calls: list[LevelCall], stack: list[int]) -> Callable[..., Any]:
+def _recorder(
+    obj: Any, name: str, bound: Any, calls: list[LevelCall], stack: list[int]
+) -> Callable[..., Any]:
     def record(*args: Any, **kwargs: Any) -> Any:
         call = LevelCall(
             index=len(calls),
@@ -299,16 +303,20 @@ class SlotSnapshot:
 
         generator = torch.Generator().manual_seed(seed)
         snapshot = cls(slots)
-        for key, rows in _slot_rows(root):
+        for _, rows in _slot_rows(root):
             noise = torch.randint(-(2**15), 2**15, (len(slots), rows.shape[1]), generator=generator)
             rows[slots] = noise.to(rows.dtype)
+        # read back only after every buffer was filled: pools keep aliases (per-layer views of one
+        # tensor, k_buffer beside k_buffer_tensor), and the last write to shared memory wins
+        for key, rows in _slot_rows(root):
             snapshot.rows[key] = rows[slots].clone()
         return snapshot
 
     def scramble(self, root: Any) -> None:
-        """Overwrite the slots (what the scheduler's next user of those slots would do)."""
+        """Overwrite the slots with zeros (what the next user of those slots would do); idempotent,
+        so aliased buffers end up zero too."""
         for _, rows in _slot_rows(root):
-            rows[self.slots] = ~rows[self.slots]
+            rows[self.slots] = 0
 
     def mismatch(self, root: Any) -> str | None:
         """None when every slot of every layer holds its remembered bits again."""

@@ -1,0 +1,191 @@
+"""NPD005 live: the real allocator -> NPU pool offload chain of real releases, built on CPU and
+called with the keywords the installed callers pass; every level's received keywords recorded.
+
+Verdicts match the known truths for an MLA and a GQA deployment; overlays of fixed releases whose
+chain refuses or drops a keyword in a way no release did show the property decides, not the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import (
+    EXAMPLES,
+    RELEASES,
+    TRUTH,
+    json_report,
+    replace_text,
+    result_of,
+    truth_locations,
+    truth_verdict,
+)
+
+DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
+QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool
+DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
+NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
+EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
+# The NPU pool override each deployment's path reaches in 0.5.13 (from the truth's evidence).
+NPU_LOCATION = {"mla": "memory_pool_npu.py:483", "gqa": "memory_pool_npu.py:224"}
+NPU_POOL_FILE = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
+PAGED_ALLOCATOR = "sglang/srt/mem_cache/allocator/paged.py"
+LIVE = "(live, CPU)"
+# "<caller> passes k=, ...; delivered at each level: <level> received k=v, ...; <level> ... (live, CPU)"
+DELIVERED = re.compile(r"passes (?P<passes>.*?); delivered at each level: (?P<levels>.*) \(live, CPU\)")
+
+
+def npd005(report: dict) -> dict:
+    return result_of(report, "NPD005")
+
+
+def live_npd005(cli, tree, config) -> dict:
+    return npd005(
+        json_report(cli, "--sglang-path", tree, "--config", config, "--select", "NPD005", "--depth", "live")
+    )
+
+
+def delivered(result: dict) -> list[tuple[list[str], list[str]]]:
+    """(keywords the installed caller passes, what each level received) per exercised call."""
+    found = []
+    for evidence in result["evidence"]:
+        match = DELIVERED.search(evidence["observed"])
+        if match:
+            keywords = re.findall(r"(\w+)=", match["passes"])
+            found.append((keywords, match["levels"].split("; ")))
+    return found
+
+
+@pytest.mark.parametrize("kind", DEPLOYMENTS)
+@pytest.mark.parametrize("version", RELEASES)
+def test_live_verdict_matches_truth(live_report, version, kind):
+    result = npd005(live_report(version, DEPLOYMENTS[kind]))
+    assert result["depth"] == "live", result
+    assert result["roles"] == ["decode"]
+    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD005")], result
+    if result["status"] == "pass":
+        assert NPU_POOL[kind] in result["summary"]
+
+
+@pytest.mark.parametrize("kind", DEPLOYMENTS)
+@pytest.mark.parametrize("version", [v for v in RELEASES if truth_verdict(v, "NPD005") == "present"])
+def test_fail_evidence_names_the_type_error_keyword_and_lines(live_report, version, kind):
+    """The live TypeError is raised at the allocator line the truth names, for the keyword the truth
+    says the allocator passes, against the deployment's own NPU pool override."""
+    result = npd005(live_report(version, DEPLOYMENTS[kind]))
+    keywords = re.findall(r"(\w+)= ", TRUTH["releases"][version]["NPD005"]["evidence"])
+    assert keywords, "the truth should name the keyword the callers pass"
+    locations = truth_locations(version, "NPD005")
+    assert NPU_LOCATION[kind] in " ".join(locations)
+    live = [e for e in result["evidence"] if LIVE in e["observed"] and "TypeError" in e["observed"]]
+    assert len(live) == 2, result  # get_cpu_copy and load_cpu_copy both refuse it
+    for evidence in live:
+        observed = evidence["observed"]
+        assert any(f"unexpected keyword argument '{k}'" in observed for k in keywords), observed
+        assert NPU_POOL[kind] in observed and NPU_POOL_FILE in observed
+        assert evidence["location"]["path"] == PAGED_ALLOCATOR
+    raised = [f"{e['location']['path']}:{e['location']['line']}" for e in live]
+    allocator_lines = [loc for loc in locations if "allocator" in loc]
+    assert any(r.endswith(line) for r in raised for line in allocator_lines), (raised, allocator_lines)
+    defs = [
+        f"memory_pool_npu.py:{line}"
+        for e in live
+        for line in re.findall(r"memory_pool_npu\.py:(\d+): def ", e["observed"])
+    ]
+    assert NPU_LOCATION[kind] in defs, defs
+
+
+@pytest.mark.parametrize("kind", DEPLOYMENTS)
+@pytest.mark.parametrize("version", [v for v in RELEASES if truth_verdict(v, "NPD005") == "absent"])
+def test_pass_evidence_lists_the_keywords_delivered_at_each_level(live_report, version, kind):
+    result = npd005(live_report(version, DEPLOYMENTS[kind]))
+    calls = delivered(result)
+    assert {len(calls)} == {2}, result  # get_cpu_copy and load_cpu_copy
+    for keywords, levels in calls:
+        assert len(levels) >= 2, levels  # the allocator and the NPU pool below it
+        assert NPU_POOL[kind] in levels[-1]
+        for level in levels:
+            received = re.findall(r"(\w+)=", level.split(" received ", 1)[1])
+            assert received == keywords, (level, keywords)
+    text = json.dumps(result["evidence"])
+    if version == "0.5.23":  # the truth: callers also pass req_pool_index
+        assert "req_pool_index=0" in text
+    copied, raised = "every bit came back" in text, "NPD001's property" in text
+    assert copied != raised, text  # the slots came back, or the copy itself raised (and says so)
+    if kind == "mla":  # the truths of NPD001 are about the MLA pool
+        assert raised == (truth_verdict(version, "NPD001") == "present"), text
+
+
+def test_no_deployment_assumes_a_decode_server_with_both_pool_families(live_report):
+    result = npd005(live_report("0.5.13", None))
+    assert result["depth"] == "live" and result["status"] == "fail", result
+    assert result["roles"] == ["decode (assumed)"] and result["assumptions"]
+    assert "NPUMLATokenToKVPool" in result["summary"] and "NPUMHATokenToKVPool" in result["summary"]
+
+
+# ----- general, not tuned: chains broken in ways no release had --------------------------------------
+def test_pool_that_loses_req_pool_index_fails_live(cli, release, overlay):
+    """0.5.23's NPU pools without ``req_pool_index`` (they keep ``mamba_indices``): the allocator passes
+    it, so the first retraction would raise. No release had this signature; the callers' keywords
+    decide."""
+    tree = overlay(release("0.5.23"))
+    replace_text(
+        tree / NPU_POOL_FILE,
+        "def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):",
+        "def get_cpu_copy(self, indices, mamba_indices=None):",
+        count=2,
+    )
+    result = live_npd005(cli, tree, DEEPSEEK_PD)
+    assert result["status"] == "fail" and result["depth"] == "live", result
+    live = [e for e in result["evidence"] if LIVE in e["observed"] and "TypeError" in e["observed"]]
+    assert len(live) == 1, result  # load_cpu_copy still takes it
+    assert "unexpected keyword argument 'req_pool_index'" in live[0]["observed"]
+    assert live[0]["location"]["path"] == PAGED_ALLOCATOR
+    assert "NPUMLATokenToKVPool" in result["summary"] and "req_pool_index=" in result["summary"]
+
+
+def test_allocator_that_swallows_a_keyword_the_pool_reads_fails_live(cli, release, overlay):
+    """An allocator that takes ``**kwargs`` and forwards only ``mamba_indices``, over an NPU pool
+    whose ``load_cpu_copy`` uses ``req_pool_index``: every call binds, so only the record of what
+    each level received shows the pool never got it."""
+    tree = overlay(release("0.5.23"))
+    paged = tree / PAGED_ALLOCATOR
+    replace_text(
+        paged,
+        """    def load_cpu_copy(
+        self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None
+    ):
+        return self._kvcache.load_cpu_copy(
+            kv_cache_cpu,
+            indices,
+            mamba_indices=mamba_indices,
+            req_pool_index=req_pool_index,
+        )""",
+        """    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, **kwargs):
+        return self._kvcache.load_cpu_copy(
+            kv_cache_cpu, indices, mamba_indices=mamba_indices
+        )""",
+    )
+    replace_text(
+        tree / NPU_POOL_FILE,
+        """        self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None
+    ):
+        torch.npu.synchronize()""",
+        """        self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None
+    ):
+        self.last_loaded_req = req_pool_index
+        torch.npu.synchronize()""",
+        count=2,
+    )
+    result = live_npd005(cli, tree, DEEPSEEK_PD)
+    assert result["status"] == "fail" and result["depth"] == "live", result
+    drops = [
+        e for e in result["evidence"] if LIVE in e["observed"] and "req_pool_index= dropped" in e["observed"]
+    ]
+    assert len(drops) == 1, result
+    observed = drops[0]["observed"]
+    assert "received mamba_indices=None, req_pool_index=0" in observed
+    assert "NPUMLATokenToKVPool.load_cpu_copy reads req_pool_index" in observed
+    assert drops[0]["location"]["path"] == PAGED_ALLOCATOR
+    assert "drops req_pool_index=" in result["summary"]
