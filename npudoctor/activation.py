@@ -11,6 +11,11 @@ imported, the shape of the imported code is compared with the planned one and, o
 they are equal, each replaced site is wrapped with ``wrapt.wrap_function_wrapper``.
 ``revert()`` removes exactly those wrappers with ``wrapt.unwrap_object``, which restores
 the original attribute where it was defined, or deletes one the fix added.
+
+The ``npudoctor run`` bootstrap runs at every interpreter start, most of which never
+import sglang (pip, compilers, helper scripts): it only puts a finder on ``sys.meta_path``
+that waits for the first ``import sglang`` and enables the plan then, so importing wrapt
+(which imports asyncio) and reading the plan cost nothing anywhere else.
 """
 
 from __future__ import annotations
@@ -20,23 +25,14 @@ import json
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
-from typing import Any
 
 KILL_SWITCH = "NPUDOCTOR_DISABLE_FIXES"
 RUN_PLAN = "NPUDOCTOR_RUN_PLAN"  # set by `npudoctor run`: path of the plan its bootstrap applies
-
-
-@dataclass
-class _Installed:
-    """The wrappers one fix installed: (owner, attribute, wrapt handle)."""
-
-    fix_id: str
-    wrappers: list[tuple[Any, str, Any]] = field(default_factory=list)
-
+TARGET_PACKAGE = "sglang"
 
 _lock = threading.RLock()
-_installed: dict[str, _Installed] = {}
+# fix id -> the wrappers it installed, as (owner, attribute, wrapt handle)
+_installed: dict[str, list[tuple[object, str, object]]] = {}
 _outcomes: dict[str, str] = {}  # fix id -> "applied" or why not
 _said: set[str] = set()
 
@@ -93,10 +89,10 @@ def revert(fix_ids: list[str] | None = None) -> list[str]:
     done = []
     with _lock:
         for fix_id in list(fix_ids or _installed):
-            installed = _installed.pop(fix_id, None)
-            if installed is None:
+            wrappers = _installed.pop(fix_id, None)
+            if wrappers is None:
                 continue
-            for owner, name, handle in reversed(installed.wrappers):
+            for owner, name, handle in reversed(wrappers):
                 wrapt.unwrap_object(owner, name, handle, missing_ok=True)
             _outcomes[fix_id] = "reverted"
             done.append(fix_id)
@@ -114,10 +110,21 @@ def sglang_plugin() -> None:
 
 
 def bootstrap() -> None:
-    """Called by the ``sitecustomize`` of ``npudoctor run``: enable the plan it was started with."""
+    """Called by the ``sitecustomize`` of ``npudoctor run``: enable its plan when sglang is imported."""
     path = os.environ.get(RUN_PLAN)
     if not path:
         return
+    if disabled():
+        say_once(f"{KILL_SWITCH} is set: no runtime fix is applied")
+        return
+    trigger = _OnFirstImport(TARGET_PACKAGE, lambda: _enable_file(path))
+    if TARGET_PACKAGE in sys.modules:
+        trigger.fire()
+    else:
+        sys.meta_path.insert(0, trigger)
+
+
+def _enable_file(path: str) -> None:
     try:
         with open(path, encoding="utf-8") as handle:
             enable(plan_of(json.load(handle)))
@@ -125,8 +132,30 @@ def bootstrap() -> None:
         say_once(f"runtime fixes not applied: cannot read {path}: {type(error).__name__}: {error}")
 
 
+class _OnFirstImport:
+    """A ``sys.meta_path`` finder that finds nothing: it takes itself off the path and runs
+    ``action`` once, the first time ``package`` (or a submodule) is looked up."""
+
+    def __init__(self, package: str, action):
+        self.package = package
+        self.action = action
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.package or fullname.startswith(self.package + "."):
+            self.fire()
+        return None
+
+    def fire(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        try:
+            self.action()
+        except Exception as error:  # never break the import that triggered us
+            say_once(f"runtime fixes not applied: {type(error).__name__}: {error}")
+
+
 def _hook(fix_id: str, shape: dict[str, str], modules: tuple[str, ...]):
-    def on_import(_module: Any) -> None:
+    def on_import(_module) -> None:
         if all(name in sys.modules for name in modules):
             try:
                 _apply(fix_id, shape)
@@ -138,6 +167,7 @@ def _hook(fix_id: str, shape: dict[str, str], modules: tuple[str, ...]):
 
 
 def _apply(fix_id: str, shape: dict[str, str]) -> None:
+    """Wrap every replaced site of ``fix_id`` if the imported code still has ``shape``."""
     import wrapt
 
     from npudoctor.fix import Site, fix_by_id
@@ -154,7 +184,7 @@ def _apply(fix_id: str, shape: dict[str, str]) -> None:
             )
             say_once(f"{fix_id} not applied: {_outcomes[fix_id]}")
             return
-        installed = _Installed(fix_id)
+        installed: list[tuple[object, str, object]] = []
         try:
             for site_text, replacement in fix.implementations().items():
                 site = Site.parse(site_text)
@@ -163,9 +193,9 @@ def _apply(fix_id: str, shape: dict[str, str]) -> None:
                 for part in owner_path.split(".") if owner_path else ():
                     owner = getattr(owner, part)
                 handle = wrapt.wrap_function_wrapper(owner, name, _replacing(replacement))
-                installed.wrappers.append((owner, name, handle))
+                installed.append((owner, name, handle))
         except Exception:
-            for owner, name, handle in reversed(installed.wrappers):
+            for owner, name, handle in reversed(installed):
                 wrapt.unwrap_object(owner, name, handle, missing_ok=True)
             raise
         _installed[fix_id] = installed
