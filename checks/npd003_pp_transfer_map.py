@@ -579,6 +579,8 @@ def _family_findings(
                 )
             )
     counts_layers = any(hint in text for hint in _LAYER_COUNT_HINTS)
+    if draft_layers and family == "mha" and findings[-1][0] is Status.PASS and not counts_layers:
+        findings[-1] = (Status.WARN, _guessed_draft_layers(splitter, draft_layers))
     if draft_layers and family == "mla" and findings[-1][0] is not Status.FAIL and not counts_layers:
         findings.append(
             (
@@ -594,6 +596,22 @@ def _family_findings(
             )
         )
     return findings
+
+
+def _guessed_draft_layers(splitter: MethodRef, draft_layers: int) -> Evidence:
+    """An MHA splitter that knows no layer count infers decode's draft layers from the pointer
+    counts (``dst_layers % stage_layers``): right for some PP layer splits, wrong for others
+    (an uneven split, e.g. 61 layers as 30 + 31). The arithmetic depends on the split, which
+    the static depth does not compute; the live depth runs it."""
+    return Evidence(
+        expected=f"decode's {draft_layers} draft layer(s) skipped when the MHA K/V halves are sliced",
+        observed=(
+            f"{splitter.qualname} infers decode's draft layers from layer-count divisibility: it knows "
+            f"no layer count ({splitter.where()}), so the slices are right or wrong depending on the "
+            "PP layer split, which the static depth does not compute"
+        ),
+        location=Location(splitter.relpath, splitter.line, splitter.qualname),
+    )
 
 
 def _splitter_calls(body: list[ast.stmt]) -> list[ast.Call]:
