@@ -80,6 +80,7 @@ _UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
 
 # Modules the live depth imports up front; an import failure of an optional one is kept here.
 BACKEND_MODULE = "sglang.srt.hardware_backend.npu.attention.ascend_backend"
+MODEL_PACKAGE = "sglang.srt.models."
 IMPORT_ERRORS: dict[str, str] = {}
 
 
@@ -167,7 +168,6 @@ class Workload:
     """The batch's q (all extend tokens, batch order), its paged KV cache, and the reference output."""
 
     batch: tuple[Request, ...]
-    dims: AttentionDims
     q: torch.Tensor  # (T, Hq, D), T = sum of extend lengths
     k_cache: torch.Tensor  # (slots, Hkv, D)
     v_cache: torch.Tensor  # (slots, Hkv, Dv)
@@ -175,10 +175,6 @@ class Workload:
     expected: torch.Tensor  # (T, Hq, Dv) float64
     request_of: list[int]  # extend token -> request index
     position_of: list[int]  # extend token -> position in its request's full sequence
-
-    @property
-    def pages(self) -> int:
-        return int((self.block_tables > 0).sum())
 
 
 def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> Workload:
@@ -209,7 +205,6 @@ def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> 
         position_of += range(request.prefix, request.total)
     return Workload(
         batch,
-        dims,
         torch.cat(queries),
         k_cache,
         v_cache,
@@ -503,15 +498,20 @@ def import_modules() -> None:
     tree = SourceTree(Path(spec.origin).parent)
     if tree.module_path(BACKEND_MODULE) is not None:
         importlib.import_module(BACKEND_MODULE)
-    for preparation in find_preparations(tree, None):
+    everyone = _model_preparations(tree, None, every_model=True) + _strategy_preparations(tree)
+    for preparation in everyone:
         for module in preparation.modules:
+            if module.startswith(MODEL_PACKAGE):
+                continue  # never a model module (its import chain pulls the model's kernels)
             try:
                 importlib.import_module(module)
             except Exception as error:
                 IMPORT_ERRORS[module] = f"{type(error).__name__}: {error}"
 
 
-def _model_preparations(tree: SourceTree, model: ModelFacts | None) -> list[Preparation]:
+def _model_preparations(
+    tree: SourceTree, model: ModelFacts | None, every_model: bool = False
+) -> list[Preparation]:
     """Calls of the model-level preparation in the model file of the deployment's
     architecture; with no model, in every model file that is not an MLA model (MLA takes
     another CP attention path, so it never reaches ``do_cp_attn_fia``): files that mention
@@ -519,7 +519,9 @@ def _model_preparations(tree: SourceTree, model: ModelFacts | None) -> list[Prep
     calls = calls_to(tree, MODEL_PREPARATION, under="srt/models")
     architectures = set(model.architectures) if model else set()
     files = {c.path for name in architectures for c in tree.find_classes(name, under="srt/models")}
-    if files:
+    if every_model:
+        chosen = calls
+    elif files:
         chosen = [(ref, call) for ref, call in calls if ref.path in files]
     else:
         chosen = [(ref, call) for ref, call in calls if not _MLA_MODEL.search(tree.read(ref.path))]
@@ -740,8 +742,8 @@ def _rank_in_role(
 
     try:
         return with_parallel(parallel_values(role, dims, rank), probe)
-    except CannotProbe as reason:
-        return RankResult(rank, failure=Failure("CannotProbe", str(reason), None, stage="preparation"))
+    except Exception as error:  # setting up the role's process state failed: not a finding
+        return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
 
 
 def _run_rank(
@@ -770,8 +772,8 @@ def _run_rank(
     backend = stand_in_backend(backend_cls, load, dims)
     layer = stand_in_layer(dims)
     try:
-        with_npu = getattr(backend, method)
-        output = with_npu(q.reshape(physical, -1), load.k_cache, load.v_cache, layer, forward_batch)
+        attention = getattr(backend, method)
+        output = attention(q.reshape(physical, -1), load.k_cache, load.v_cache, layer, forward_batch)
     except Exception as error:
         _reraise_parallel(error)
         return RankResult(rank, failure=failure_of(error, metadata))
