@@ -506,7 +506,9 @@ def _judge_live(
                 f"over {rows} rows" + _refusal_text(run),
                 location=livecp.code_location(function),
             ),
-            f"batch of {len(run.batch)} request{'s' if len(run.batch) > 1 else ''}, max abs error {worst:.1e}",
+            f"batch of {len(run.batch)} request{'s' if len(run.batch) > 1 else ''}"
+            + (", the most the release admits per CP batch" if run.refused_several else "")
+            + f", max abs error {worst:.1e}",
             ran=True,
         )
     first = failed[0]
