@@ -962,9 +962,14 @@ class _LiveProbe:
             delivered = f"the keywords the installed callers pass ({', '.join(k + '=' for k in keywords)})"
             if not keywords:
                 delivered = "the installed callers' calls (they pass no keywords)"
-            summary = f"live on CPU: {delivered} bind and reach every level of {'; '.join(chains)}"
             if notes:
-                summary += "; the copy itself did not complete (see the evidence: not a signature defect)"
+                summary = (
+                    f"live on CPU: {delivered} bind at every level they reach of {'; '.join(chains)}; "
+                    "the copy itself raised before the end (see the evidence: NPD001's property, "
+                    "not a signature defect)"
+                )
+            else:
+                summary = f"live on CPU: {delivered} bind and reach every level of {'; '.join(chains)}"
         evidence = [f.evidence for f in failing + warning] + [e for _, e in unrecognised] + notes + passed
         return Probe(status, summary, tuple(evidence), assumptions, roles)
 
@@ -1001,6 +1006,7 @@ class _LiveProbe:
         elif not notes and not any(r.error for r in runs):
             passed.append(self._round_trip_ok(allocator, snapshot))
         findings += self._unreached(runs, sub_info)
+        findings += self._refused_elsewhere(runs, sub_info)
         return findings, passed, notes
 
     def _build_pool(self, top: ClassInfo, sub: ClassInfo | None) -> Any:
@@ -1011,18 +1017,26 @@ class _LiveProbe:
         return livepools.build_pool(_live_class(top), self.facts.model, self.role)
 
     def _build_composite(self, top: ClassInfo, sub: ClassInfo) -> Any:
-        from npudoctor import livepools
+        """The composite pool with the NPU pool below it; only the hybrid linear-attention pool
+        (mamba state beside full-attention KV) is built on CPU so far."""
+        import inspect
 
+        from npudoctor import liveoffload, livepools
+
+        cls, npu = _live_class(top), _live_class(sub)
+        if "mamba_pool" in inspect.signature(cls.__init__).parameters:
+            return liveoffload.build_hybrid_linear_pool(cls, npu, self.facts.model, self.role)
         raise livepools.CannotBuild(
-            f"{top.name} (holding {sub.name}) needs the model's "
-            + ("mamba state config" if "Hybrid" in top.name else "sliding-window layer split")
-            + ", which npudoctor does not build on CPU"
+            f"{top.name} (holding {sub.name}) needs the model's sliding-window layer split, "
+            "which npudoctor does not build on CPU yet"
         )
 
     def _mamba_index(self, top: Any) -> Any:
         """The request's mamba slot where the pool holds mamba state (hybrid models), else None:
         ``Req.mamba_pool_idx`` is None for every other model."""
-        return None
+        from npudoctor import liveoffload
+
+        return liveoffload.mamba_slot(top)
 
     # ----- the calls -----------------------------------------------------------------------------
     def _entries(self, mamba_index: Any) -> list[_Entry]:
@@ -1063,12 +1077,12 @@ class _LiveProbe:
         runs: list[_Run] = []
         mismatch, snapshot = None, None
         for index in range(max(len(gets), len(loads))):
-            snapshot = liveoffload.SlotSnapshot.take(allocator, slots, seed=index)
+            snapshot = liveoffload.SlotSnapshot.take(allocator, slots, mamba_index, seed=index)
             saved = None
             if gets:
                 get = _call(allocator, gets[index % len(gets)], (slots,))
                 runs.append(get)
-                saved = get.result
+                saved = liveoffload.host_copy(get.result)
                 if get.error is not None:
                     saved, note = _payload_without_keywords(top, slots)
                     get.payload_note = note
@@ -1203,10 +1217,11 @@ class _LiveProbe:
 
     def _round_trip_ok(self, allocator: Any, snapshot: Any) -> Evidence:
         name = type(allocator).__name__
+        mamba = f" and mamba slot {int(snapshot.mamba_slot)}" if snapshot.mamba_slot is not None else ""
         return Evidence(
             expected=f"{name}: the offloaded token slots come back after get_cpu_copy/load_cpu_copy",
             observed=(
-                f"{len(snapshot.slots)} token slots of {snapshot.buffers} KV buffer(s) in every layer, "
+                f"{len(snapshot.slots)} token slots{mamba} of {snapshot.buffers} buffer(s), every layer, "
                 f"offloaded, overwritten and reloaded through {name}: every bit came back{_LIVE}"
             ),
         )
@@ -1220,14 +1235,59 @@ class _LiveProbe:
         return _Finding(Status.WARN, evidence, name, "slots do not come back")
 
     def _unreached(self, runs: list[_Run], sub: ClassInfo | None) -> list[_Finding]:
-        """A composite's sub-pool the chain never reached: its keywords are unverified."""
+        """A composite's sub-pool the chain never reached, although no level raised: its keywords are
+        unverified. (A level that raised, e.g. a composite without offload support, is reported.)"""
         if sub is None or any(c.owner.__name__ == sub.name for r in runs for c in r.calls):
+            return []
+        if any(r.error is not None for r in runs):
             return []
         evidence = Evidence(
             expected=f"the offload calls reach {sub.name} below the composite pool",
             observed=f"no call reached {sub.name}: its keywords could not be verified{_LIVE}",
         )
         return [_Finding(Status.WARN, evidence, sub.name, "not reached")]
+
+    def _refused_elsewhere(self, runs: list[_Run], sub: ClassInfo | None) -> list[_Finding]:
+        """The NPU pool below a composite is called by the composite, without keywords, so it binds
+        here; but it is an allocator's pool elsewhere, and the allocator passes keywords. Bind
+        those to its real signature too: where they do not bind, it is a ``warn`` (a class this
+        deployment builds, refusing calls this deployment does not make), as the static depth says."""
+        from npudoctor import liveoffload
+
+        if sub is None:
+            return []
+        findings = []
+        for run in runs:
+            handed = [c for c in run.calls if c.parent is not None and run.calls[c.parent].parent is None]
+            below = [c for c in run.calls if c.owner.__name__ == sub.name]
+            if not handed or not below:
+                continue
+            top, call = handed[0], below[0]
+            refused = [k for k in top.keywords if not liveoffload.accepts(call.function, k)]
+            if not refused:
+                continue
+            where, by = call.location(), top.caller
+            observed = (
+                f"{call.resolved} ({where.path}:{where.line}: def {liveoffload.signature_of(call.function)}) "
+                f"has no {', '.join(k + '=' for k in refused)}, which {by.path}:{by.line} ({by.symbol}) "
+                f"passes to the pool an allocator holds; here {top.qualname} holds it and called it with "
+                f"{call.received()}, so this deployment's retraction binds{_LIVE}"
+                if where and by
+                else f"{call.resolved} has no {', '.join(k + '=' for k in refused)}{_LIVE}"
+            )
+            evidence = Evidence(
+                f"{call.resolved} accepts the keywords allocators pass to their pool", observed, where
+            )
+            findings.append(
+                _Finding(
+                    Status.WARN,
+                    evidence,
+                    sub.name,
+                    f"TypeError ({', '.join(k + '=' for k in refused)})",
+                    "not on the calls this deployment makes",
+                )
+            )
+        return findings[:1] + [f for f in findings[1:] if f.kind != findings[0].kind]
 
     def _cannot_build(
         self, allocator: ClassInfo, top: ClassInfo, sub: ClassInfo | None, reason: str

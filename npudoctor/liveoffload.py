@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from npudoctor.facts import RoleFacts
+from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.livepools import CannotBuild
 from npudoctor.results import Location
 from npudoctor.signatures import names_read
@@ -168,15 +168,23 @@ def _may_hold_offload(value: Any) -> bool:
 def build_allocator(cls: type, pool: Any, role: RoleFacts) -> Any:
     """An instance of allocator ``cls`` over ``pool`` on CPU, its constructor bound by signature
     the way the model runner builds it (``need_sort`` for PD roles)."""
-    known: dict[str, Any] = {
-        "size": pool.size,
-        "size_swa": pool.size,
-        "page_size": pool.page_size,
-        "dtype": getattr(pool, "dtype", None),
-        "device": "cpu",
-        "kvcache": pool,
-        "need_sort": role.disaggregation_mode in ("decode", "prefill"),
-    }
+    return construct(
+        cls,
+        {
+            "size": pool.size,
+            "size_swa": pool.size,
+            "page_size": pool.page_size,
+            "dtype": getattr(pool, "dtype", None),
+            "device": "cpu",
+            "kvcache": pool,
+            "need_sort": role.disaggregation_mode in ("decode", "prefill"),
+        },
+    )
+
+
+def construct(cls: type, known: dict[str, Any]) -> Any:
+    """``cls(**known)`` restricted to the parameters its constructor has; a required one that
+    ``known`` lacks is reported (``CannotBuild``), never guessed."""
     kwargs = {}
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -186,6 +194,154 @@ def build_allocator(cls: type, pool: Any, role: RoleFacts) -> Any:
         elif parameter.default is inspect.Parameter.empty:
             raise CannotBuild(f"{cls.__name__}.__init__ needs {name!r}, which npudoctor cannot derive")
     return cls(**kwargs)
+
+
+# Mamba state slots of a hybrid pool built here: a request's slot and the spare one.
+MAMBA_SLOTS = 2
+
+
+def build_hybrid_linear_pool(cls: type, npu_cls: type, model: ModelFacts | None, role: RoleFacts) -> Any:
+    """A hybrid linear-attention pool (``HybridLinearKVPool``: full-attention KV + mamba state) for a
+    model such as Qwen3-Next, as a decode server on Ascend builds it: its ``MambaPool`` shaped by
+    sglang's own config class of the model (``mamba2_cache_params``) for this role's attention TP
+    size, and the NPU pool of the full-attention layers below it. The constructor picks that NPU
+    pool only when ``is_npu()`` held at import, which it does not here, so the NPU pool is passed
+    in (``full_kv_pool=``, 0.5.2x) or put in its place."""
+    import dataclasses
+
+    from npudoctor.livepools import build_pool
+
+    config = model_config(model)
+    cache_params = _with_attention_tp(role.tp_size, lambda: config.mamba2_cache_params)
+    full_layers = [int(i) for i in config.full_attention_layer_ids]
+    mamba_cls = getattr(sys.modules[cls.__module__], "MambaPool", None)
+    if not isinstance(mamba_cls, type):
+        raise CannotBuild(f"no MambaPool beside {cls.__name__} in {cls.__module__}")
+    mamba = construct(
+        mamba_cls,
+        {
+            "size": MAMBA_SLOTS,
+            "spec_state_size": MAMBA_SLOTS,
+            "cache_params": cache_params,
+            "mamba_layer_ids": list(cache_params.layers),
+            "device": "cpu",
+            "enable_memory_saver": False,
+        },
+    )
+    full_model = dataclasses.replace(model, num_layers=len(full_layers)) if model else None
+    full = build_pool(npu_cls, full_model, role)
+    pool = construct(
+        cls,
+        {
+            "size": full.size,
+            "dtype": full.dtype,
+            "page_size": full.page_size,
+            "head_num": full.head_num,
+            "head_dim": full.head_dim,
+            "full_attention_layer_ids": full_layers,
+            "enable_kvcache_transpose": False,
+            "device": "cpu",
+            "mamba_pool": mamba,
+            "full_kv_pool": full,
+            "full_kv_pool_class": npu_cls,
+            "start_layer": 0,
+        },
+    )
+    if not isinstance(pool.full_kv_pool, npu_cls):
+        pool.full_kv_pool = full
+    return pool
+
+
+def model_config(model: ModelFacts | None) -> Any:
+    """sglang's own config class for the model's ``model_type``, built from its config.json
+    (read as JSON, nothing executed)."""
+    import json
+    from pathlib import Path
+
+    if model is None or not Path(model.source).is_file():
+        raise CannotBuild("the model's config.json is not given, and a hybrid pool is shaped by it")
+    data = json.loads(Path(model.source).read_text())
+    configs = sys.modules.get("sglang.srt.configs")
+    found = (
+        [
+            value
+            for value in vars(configs).values()
+            if isinstance(value, type) and getattr(value, "model_type", None) == data.get("model_type")
+        ]
+        if configs
+        else []
+    )
+    if not found:
+        raise CannotBuild(f"sglang defines no config class for model_type {data.get('model_type')!r}")
+    return found[0](**data)
+
+
+def _with_attention_tp(tp_size: int, read: Callable[[], Any]) -> Any:
+    """``read()`` as this role's process would answer it: sglang's attention-TP size is the role's
+    TP size (the process groups that normally answer it are never built here). Up to 0.5.1x that
+    is ``dp_attention.get_attention_tp_size``; 0.5.2x reads a runtime parallel context, given
+    each value it asks for (``_parallel_value``) as a scoped override."""
+    module = sys.modules.get("sglang.srt.layers.dp_attention")
+    saved = getattr(module, "get_attention_tp_size", None)
+    if saved is not None:
+        module.get_attention_tp_size = lambda: tp_size
+    runtime = sys.modules.get("sglang.srt.runtime_context")
+    values: dict[str, Any] = {}
+    try:
+        while True:
+            try:
+                if runtime is None or not hasattr(runtime, "get_parallel"):
+                    return read()
+                with runtime.get_parallel().override(**values):
+                    return read()
+            except (ValueError, RuntimeError) as error:
+                name = _unpublished_parallel_name(error)
+                if name is None or name in values or len(values) > 16:
+                    raise
+                values[name] = _parallel_value(name, tp_size)
+    except Exception as error:
+        raise CannotBuild(
+            f"the model's mamba state shape needs sglang's parallel state: {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        if saved is not None:
+            module.get_attention_tp_size = saved
+
+
+def _unpublished_parallel_name(error: BaseException) -> str | None:
+    """The parallel value sglang's runtime context was asked for and does not have: named in the
+    message, or the ``name`` its reader was called with."""
+    named = re.search(r"parallel (?:name|width) '(\w+)'", str(error))
+    if named:
+        return named.group(1)
+    if "not published" not in str(error):
+        return None
+    frames = list(traceback.walk_tb(error.__traceback__))
+    for frame, _ in reversed(frames):
+        if frame.f_code.co_name == "_read" and isinstance(frame.f_locals.get("name"), str):
+            return frame.f_locals["name"]
+    return None
+
+
+def _parallel_value(name: str, tp_size: int) -> Any:
+    """This single rank's view: attention TP is the role's TP size, switches off, ranks 0, other widths 1."""
+    if name in ("tp_size", "attn_tp_size"):
+        return tp_size
+    if name.startswith(("enable_", "use_")):
+        return False
+    return 0 if "rank" in name else 1
+
+
+def mamba_slot(pool: Any) -> Any:
+    """A request's mamba slot in ``pool``'s mamba pool, allocated the way the scheduler does
+    (``Req.mamba_pool_idx``: one element of what ``MambaPool.alloc`` returns); None without one."""
+    mamba = getattr(pool, "mamba_pool", None)
+    if mamba is None:
+        return None
+    import torch
+
+    allocated = mamba.alloc(1) if hasattr(mamba, "alloc") else None
+    return allocated[0] if allocated is not None and len(allocated) else torch.tensor(1)
 
 
 # ----- what a function does with a keyword ------------------------------------------------
@@ -284,49 +440,72 @@ def binding_keyword(error: BaseException) -> tuple[bool, str | None]:
 def describe_value(value: Any) -> str:
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "dtype"):
-        return f"tensor{list(shape)}"
+        return f"tensor({value.item()})" if len(shape) == 0 else f"tensor{list(shape)}"
     return repr(value)
 
 
 # ----- a light round trip: do the offloaded slots come back? ---------------------------------
+def host_copy(payload: Any) -> Any:
+    """``payload`` with every tensor in it (through lists, tuples and dicts) cloned.
+
+    On an NPU, ``get_cpu_copy``'s ``.to("cpu")`` always copies device memory to the host; on a
+    CPU it returns the tensor itself, and an index by a 0-d tensor (a request's mamba slot) is a
+    view of the live buffer. Cloning restores the device/host boundary the code relies on."""
+    import torch
+
+    if isinstance(payload, torch.Tensor):
+        return payload.clone()
+    if isinstance(payload, list):
+        return [host_copy(v) for v in payload]
+    if isinstance(payload, tuple):
+        copied = [host_copy(v) for v in payload]
+        return type(payload)(*copied) if hasattr(payload, "_fields") else tuple(copied)
+    if isinstance(payload, dict):
+        return {k: host_copy(v) for k, v in payload.items()}
+    return payload
+
+
 @dataclass
 class SlotSnapshot:
-    """The raw bits of a few token slots in every per-layer KV buffer of the chain's pools."""
+    """The raw bits of a few token slots in every per-layer KV buffer of the chain's pools, and of
+    the request's mamba slot where a pool holds mamba state."""
 
     slots: Any  # int64 tensor of token slots
+    mamba_slot: Any = None
     rows: dict[tuple[str, str, int], Any] = field(default_factory=dict)  # (pool, buffer, layer) -> bits
 
     @classmethod
-    def take(cls, root: Any, slots: Any, seed: int = 0) -> SlotSnapshot:
+    def take(cls, root: Any, slots: Any, mamba_slot: Any = None, seed: int = 0) -> SlotSnapshot:
         """Fill the slots with random bits in every buffer below ``root`` and remember them."""
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        snapshot = cls(slots)
-        for _, rows in _slot_rows(root):
-            noise = torch.randint(-(2**15), 2**15, (len(slots), rows.shape[1]), generator=generator)
-            rows[slots] = noise.to(rows.dtype)
+        snapshot = cls(slots, mamba_slot)
+        for _, rows, index in snapshot._rows(root):
+            shape = rows[index].shape
+            rows[index] = torch.randint(-(2**15), 2**15, shape, generator=generator).to(rows.dtype)
         # read back only after every buffer was filled: pools keep aliases (per-layer views of one
         # tensor, k_buffer beside k_buffer_tensor), and the last write to shared memory wins
-        for key, rows in _slot_rows(root):
-            snapshot.rows[key] = rows[slots].clone()
+        for key, rows, index in snapshot._rows(root):
+            snapshot.rows[key] = rows[index].clone()
         return snapshot
 
     def scramble(self, root: Any) -> None:
         """Overwrite the slots with zeros (what the next user of those slots would do); idempotent,
         so aliased buffers end up zero too."""
-        for _, rows in _slot_rows(root):
-            rows[self.slots] = 0
+        for _, rows, index in self._rows(root):
+            rows[index] = 0
 
     def mismatch(self, root: Any) -> str | None:
-        """None when every slot of every layer holds its remembered bits again."""
-        for key, rows in _slot_rows(root):
-            wrong = (rows[self.slots] != self.rows[key]).any(dim=1).nonzero()
+        """None when every slot of every buffer holds its remembered bits again."""
+        for key, rows, index in self._rows(root):
+            wrong = (rows[index] != self.rows[key]).reshape(len(index), -1).any(dim=1).nonzero()
             if len(wrong):
                 pool, buffer, layer = key
+                where = f"layer {layer}" if layer >= 0 else "every layer"
                 return (
-                    f"{pool}.{buffer} layer {layer}: {len(wrong)} of {len(self.slots)} reloaded slots hold "
-                    f"other bits (first: slot {int(self.slots[int(wrong[0])])})"
+                    f"{pool}.{buffer} {where}: {len(wrong)} of {len(index)} reloaded slots hold "
+                    f"other bits (first: slot {int(index[int(wrong[0])])})"
                 )
         return None
 
@@ -334,14 +513,25 @@ class SlotSnapshot:
     def buffers(self) -> int:
         return len({(pool, buffer) for pool, buffer, _ in self.rows})
 
+    def _rows(self, root: Any) -> Iterator[tuple[tuple[str, str, int], Any, Any]]:
+        """(key, a view whose first dimension is the slot, the slots) for every buffer below ``root``."""
+        import torch
 
-def _slot_rows(root: Any) -> Iterator[tuple[tuple[str, str, int], Any]]:
-    from npudoctor.livepools import kv_buffers, token_rows
+        from npudoctor.livepools import kv_buffers, token_rows
 
-    for obj in offload_objects(root):
-        if not hasattr(obj, "layer_num") or not hasattr(obj, "size"):
-            continue
-        tokens = obj.size + getattr(obj, "page_size", 1)
-        for name, layers in kv_buffers(obj).items():
-            for index, layer in enumerate(layers):
-                yield (type(obj).__name__, name, index), token_rows(layer, tokens)
+        mamba = None if self.mamba_slot is None else torch.tensor([int(self.mamba_slot)])
+        for obj in offload_objects(root):
+            owner = type(obj).__name__
+            cache = getattr(obj, "mamba_cache", None)
+            if cache is not None and mamba is not None:
+                for name in ("temporal", "conv"):
+                    value = getattr(cache, name, None)
+                    tensors = value if isinstance(value, (list, tuple)) else [value]
+                    for i, tensor in enumerate(t for t in tensors if isinstance(t, torch.Tensor)):
+                        yield (owner, f"mamba_cache.{name}[{i}]", -1), tensor.transpose(0, 1), mamba
+            if not hasattr(obj, "layer_num") or not hasattr(obj, "size"):
+                continue
+            tokens = obj.size + getattr(obj, "page_size", 1)
+            for name, layers in kv_buffers(obj).items():
+                for index, layer in enumerate(layers):
+                    yield (owner, name, index), token_rows(layer, tokens), self.slots

@@ -24,6 +24,7 @@ from conftest import (
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool
+QWEN_NEXT = EXAMPLES / "qwen3-next-decode.yaml"  # hybrid: HybridLinearKVPool over NPUMHATokenToKVPool
 DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
 NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
 EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
@@ -124,6 +125,25 @@ def test_no_deployment_assumes_a_decode_server_with_both_pool_families(live_repo
     assert "NPUMLATokenToKVPool" in result["summary"] and "NPUMHATokenToKVPool" in result["summary"]
 
 
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.13", "0.5.23"])
+def test_hybrid_pool_is_built_and_both_depths_agree(live_report, version):
+    """Qwen3-Next: the allocator holds HybridLinearKVPool (its MambaPool shaped by sglang's own
+    config class), which holds the NPU MHA pool. 0.5.9's hybrid pool has no offload at all, 0.5.13's
+    NPU pool refuses mamba_indices= but is only called without keywords here, 0.5.23 reads its
+    parallel widths from a runtime context: in each, live and static say the same."""
+    result = npd005(live_report(version, QWEN_NEXT, depth="auto"))
+    assert result["depth"] == "live", result
+    assert "disagree" not in result["summary"] and not result["assumptions"], result
+    text = json.dumps(result["evidence"])
+    assert "HybridLinearKVPool.get_cpu_copy" in text
+    if version == "0.5.13":
+        assert result["status"] == "warn" and "not on the calls this deployment makes" in result["summary"]
+    else:
+        assert result["status"] == "pass", result
+    if version == "0.5.23":  # the request's mamba slot went down the chain and came back
+        assert "mamba_indices=tensor(" in text and "and mamba slot" in text and "every bit came back" in text
+
+
 # ----- general, not tuned: chains broken in ways no release had --------------------------------------
 def test_pool_that_loses_req_pool_index_fails_live(cli, release, overlay):
     """0.5.23's NPU pools without ``req_pool_index`` (they keep ``mamba_indices``): the allocator passes
@@ -189,3 +209,25 @@ def test_allocator_that_swallows_a_keyword_the_pool_reads_fails_live(cli, releas
     assert "NPUMLATokenToKVPool.load_cpu_copy reads req_pool_index" in observed
     assert drops[0]["location"]["path"] == PAGED_ALLOCATOR
     assert "drops req_pool_index=" in result["summary"]
+
+
+def test_allocator_that_swallows_mamba_indices_fails_live_on_a_hybrid_model(cli, release, overlay):
+    """0.5.15's paged allocator rewritten to take ``**kwargs`` and call its pool with the indices
+    only: every call binds, but HybridLinearKVPool, which reads mamba_indices to copy the mamba
+    state, never gets it, and the request's mamba state does not come back."""
+    tree = overlay(release("0.5.15"))
+    replace_text(
+        tree / PAGED_ALLOCATOR,
+        """    def get_cpu_copy(self, indices, mamba_indices=None):
+        return self._kvcache.get_cpu_copy(indices, mamba_indices=mamba_indices)""",
+        """    def get_cpu_copy(self, indices, **kwargs):
+        return self._kvcache.get_cpu_copy(indices)""",
+    )
+    result = live_npd005(cli, tree, QWEN_NEXT)
+    assert result["status"] == "fail" and result["depth"] == "live", result
+    drops = [e for e in result["evidence"] if "mamba_indices= dropped" in e["observed"]]
+    assert len(drops) == 1, result
+    assert "HybridLinearKVPool.get_cpu_copy reads mamba_indices" in drops[0]["observed"]
+    assert drops[0]["location"]["path"] == PAGED_ALLOCATOR
+    lost = [e for e in result["evidence"] if "MambaPool.mamba_cache" in e["observed"]]
+    assert lost and "other bits" in lost[0]["observed"], result
