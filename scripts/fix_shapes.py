@@ -2,6 +2,7 @@
 """Print the ``written_for`` table of a fix: the shape of its sites in real sglang releases.
 
     python scripts/fix_shapes.py NPD001 0.5.9 0.5.10 0.5.11 0.5.12
+    python scripts/fix_shapes.py NPD004 0.5.13+cp-gap=/tmp/cp-gap-tree   # a source state no wheel ships
 
 Run it when a fix is written or extended to another release, after checking that the
 fix's replacements are right for that release's code; paste the output into the fix
@@ -25,12 +26,13 @@ from npudoctor.target import discover  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("fix_id")
-    parser.add_argument("versions", nargs="+")
+    parser.add_argument("versions", nargs="+", help="release versions, or LABEL=TREE for a source tree")
     args = parser.parse_args()
     fix = fix_by_id(args.fix_id.upper())
     table: dict[str, dict[str, str]] = {}
-    for version in args.versions:
-        shape = fix.shape_of_source(discover(fetch(version)).tree)
+    for spec in args.versions:
+        version, _, path = spec.partition("=")
+        shape = fix.shape_of_source(discover(path or fetch(version)).tree)
         same = next((label for label, known in table.items() if known == shape), None)
         if same is None:
             table[version] = shape

@@ -114,6 +114,26 @@ def cp_gap(release, tmp_path) -> Path:
     return cp_gap_tree(release, tmp_path)
 
 
+# Source states of known.yaml's "synthetic" section that no wheel ships, and how to build them.
+SYNTHETIC_BUILDERS = {"0.5.13+cp-gap": cp_gap_tree}
+
+
+@pytest.fixture(scope="session")
+def subject(release, tmp_path_factory):
+    """``subject(name)`` -> the tree of a known.yaml state: a release (fetched) or a synthetic
+    state (built once per session from real releases)."""
+    built: dict[str, Path] = {}
+
+    def tree(name: str) -> Path:
+        if name not in SYNTHETIC_BUILDERS:
+            return release(name)
+        if name not in built:
+            built[name] = SYNTHETIC_BUILDERS[name](release, tmp_path_factory.mktemp(name))
+        return built[name]
+
+    return tree
+
+
 def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:
     """Rewrite one file of an overlay without touching the hard-linked original."""
     text = path.read_text()
@@ -143,11 +163,12 @@ def cli(capsys):
 
 
 @pytest.fixture(scope="session")
-def live_report(release, tmp_path_factory):
+def live_report(subject, tmp_path_factory):
     """``live_report(version, config, *extra)`` -> the JSON report of ``npudoctor check --depth
-    live`` with every check on that release, run once per distinct request and shared by the
-    tests (each live run imports sglang in a child: ~10 s). ``config`` is a deployment YAML or
-    None (no deployment: the worst case); ``extra`` are further ``check`` options."""
+    live`` with every check on that release (or synthetic state, see ``subject``), run once per
+    distinct request and shared by the tests (each live run imports sglang in a child: ~10 s).
+    ``config`` is a deployment YAML or None (no deployment: the worst case); ``extra`` are
+    further ``check`` options."""
     cache: dict[tuple, dict] = {}
     reports = tmp_path_factory.mktemp("live-reports")
 
@@ -155,7 +176,7 @@ def live_report(release, tmp_path_factory):
         key = (version, str(config), extra, depth)
         if key not in cache:
             output = reports / f"report-{len(cache)}.json"
-            argv = ["check", "--format", "json", "--depth", depth, "--sglang-path", str(release(version))]
+            argv = ["check", "--format", "json", "--depth", depth, "--sglang-path", str(subject(version))]
             argv += ["--output", str(output)]
             if config is not None:
                 argv += ["--config", str(config)]

@@ -25,7 +25,11 @@ FIX_IDS = sorted(SCENARIOS)
 
 
 def buggy(fix_id: str) -> list[str]:
-    return [v for v in RELEASES if truth_verdict(v, fix_id) == "present"]
+    """Releases, then synthetic source states, where known.yaml says the defect is present."""
+    synthetic = [name for name, truths in TRUTH.get("synthetic", {}).items() if fix_id in truths]
+    return [v for v in RELEASES if truth_verdict(v, fix_id) == "present"] + [
+        name for name in synthetic if TRUTH["synthetic"][name][fix_id]["verdict"] == "present"
+    ]
 
 
 def fixed(fix_id: str) -> list[str]:
@@ -62,7 +66,7 @@ def test_every_fix_has_a_scenario_and_a_check():
 
 
 @pytest.mark.parametrize("fix_id", FIX_IDS)
-def test_written_for_matches_the_real_releases(fix_id, release):
+def test_written_for_matches_the_real_releases(fix_id, subject):
     """The shape table is read from real wheels; a stale entry would refuse a release it was written for."""
     from npudoctor.fix import fix_by_id
     from npudoctor.target import discover
@@ -70,12 +74,12 @@ def test_written_for_matches_the_real_releases(fix_id, release):
     fix = fix_by_id(fix_id)
     for label, shape in fix.written_for.items():
         for version in label.split(", "):
-            assert fix.shape_of_source(discover(release(version)).tree) == shape, version
+            assert fix.shape_of_source(discover(subject(version)).tree) == shape, version
 
 
 @pytest.mark.parametrize(("fix_id", "version"), [(f, v) for f in FIX_IDS for v in buggy(f)])
-def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, release):
-    result = fixprobe("inprocess", fix_id, release(version))
+def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, subject):
+    result = fixprobe("inprocess", fix_id, subject(version))
     assert result["decision"] == "apply", result
     assert result["with_fix"]["status"] == "pass", result
     assert result["after_revert"]["status"] == "fail", result
