@@ -384,7 +384,8 @@ def _stage_finding(
     location = splitter.location if splitter else code_location(manager_class, "send_kvcache")
     if mapping.error is not None:
         raised = exception_evidence(expected, mapping.error)
-        observed = f"{stage}: send_kvcache raised {raised.observed}{via}"
+        at = f" at {raised.location}" if raised.location else ""
+        observed = f"{stage}: send_kvcache raised {raised.observed}{at}{via}"
         return Status.FAIL, Evidence(expected, observed, raised.location or location), "raised"
     total = len(mapping.registered)
     if mapping.bijective:
