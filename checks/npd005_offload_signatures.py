@@ -63,6 +63,21 @@ list in npudoctor.
   other attention family's NPU pool) are reported, marked "not on this deployment's NPU
   path", in the evidence and the summary, and never change the status.
 
+Live probe (imports the real sglang modules in the live child, behind the NPU simulation). The
+static graph names the classes of the deployment's path and the scheduler's calls into the
+allocator; the live probe builds that allocator over that pool on CPU with their real
+constructors and the deployment's dimensions (the hybrid pool with its ``MambaPool`` shaped by
+sglang's own config class of the model), and makes the scheduler's two calls with exactly the
+keywords the installed callers pass (values of the kind a decode server's ``Req`` holds:
+``mamba_indices`` None, or a real mamba slot for a hybrid model; ``req_pool_index`` 0).
+Every level's offload methods are shadowed on the instance by a recorder while the calls run,
+so the evidence says what each level received. A call that does not bind is a ``fail`` (the
+sglang line that made it, the keyword, CPython's own message); a keyword dropped between
+levels is a ``fail`` when the next level reads it, a ``warn`` when it only accepts it; the
+offloaded slots must come back (a copy that raises for other reasons is NPD001's, reported,
+not counted); a class that cannot be built on CPU is a ``warn`` with the reason. Both depths
+judge the same roles and classes.
+
 Matters for roles that offload KV (a PD decode server: ``RoleFacts.can_offload_kv``);
 otherwise ``skip``. With no deployment, a PD decode role with an MLA and an MHA model is
 assumed and listed. A tree where no allocator caller, no pool override or no NPU pool is
@@ -852,6 +867,8 @@ def _graph(package_dir: Path) -> _OffloadGraph:
 # Token slots offloaded and reloaded, as (page, offset) pairs: a few, across page boundaries,
 # never slot 0 (sglang's padding slot).
 _SLOTS = ((1, 1), (1, -1), (2, 0), (3, 3))
+# The positional arguments the scheduler passes: (indices,) and (the offloaded copy, indices).
+_POSITIONAL = {"get_cpu_copy": 1, "load_cpu_copy": 2}
 _LIVE = " (live, CPU)"
 
 
@@ -863,6 +880,7 @@ class _Entry:
     site: _Site
     values: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    unexercised: str = ""  # why the call could not be made as written (an unknown positional shape)
 
     @property
     def method(self) -> str:
@@ -1050,7 +1068,14 @@ class _LiveProbe:
             if key in seen:
                 continue
             seen.add(key)
-            values, notes = {}, []
+            values, notes, unexercised = {}, [], ""
+            expected = _POSITIONAL[site.method]
+            if site.shape.star_args or site.shape.positional != expected:
+                unexercised = (
+                    f"{site.describe()} passes {site.shape.describe()}; npudoctor makes this call with "
+                    f"{expected} positional argument{'s' if expected > 1 else ''} (indices"
+                    f"{', preceded by the offloaded copy' if expected > 1 else ''})"
+                )
             for keyword in site.scoped.call.keywords:
                 if keyword.arg is None:
                     notes.append(f"{site.where()} also spreads **{ast.unparse(keyword.value)}: not exercised")
@@ -1059,7 +1084,7 @@ class _LiveProbe:
                     keyword.arg, ast.unparse(keyword.value), mamba_index
                 )
                 notes += [note] if note else []
-            entries.append(_Entry(site, values, notes))
+            entries.append(_Entry(site, values, notes, unexercised))
         return entries
 
     def _exercise(self, allocator: Any, top: Any, mamba_index: Any) -> tuple[list[_Run], str | None, Any]:
@@ -1103,6 +1128,13 @@ class _LiveProbe:
         if binding and not findings:  # refused by a call the recorder does not see (a super() hand-over)
             findings.append(self._refused_unrecorded(run, keyword))
         findings += self._drops(run)
+        if run.entry.unexercised:
+            evidence = Evidence(
+                f"{run.entry.method} called the way the installed scheduler calls it",
+                f"{run.entry.unexercised}: the live call differs from the installed one{_LIVE}",
+                run.entry.location(),
+            )
+            findings.append(_Finding(Status.WARN, evidence, run.entry.method, "caller shape not recognised"))
         notes = []
         if run.error is not None and not binding:
             notes.append(self._copy_raised(run))

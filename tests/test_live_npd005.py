@@ -231,3 +231,50 @@ def test_allocator_that_swallows_mamba_indices_fails_live_on_a_hybrid_model(cli,
     assert drops[0]["location"]["path"] == PAGED_ALLOCATOR
     lost = [e for e in result["evidence"] if "MambaPool.mamba_cache" in e["observed"]]
     assert lost and "other bits" in lost[0]["observed"], result
+
+
+# ----- the recorder itself, on plain Python objects (no sglang) ----------------------------------------
+class _Pool:
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return list(indices)
+
+
+class _NarrowPool:
+    def get_cpu_copy(self, indices):
+        return list(indices)
+
+
+class _Allocator:
+    def __init__(self, pool):
+        self._kvcache = pool
+
+    def get_cpu_copy(self, indices, **kwargs):
+        return self._kvcache.get_cpu_copy(indices, **kwargs)
+
+
+def test_recording_notes_each_level_and_leaves_nothing_behind():
+    from npudoctor import liveoffload
+
+    allocator = _Allocator(_Pool())
+    with liveoffload.recording(allocator) as calls:
+        assert allocator.get_cpu_copy([3, 4], mamba_indices=None) == [3, 4]
+    assert [(c.qualname, c.keywords, c.parent) for c in calls] == [
+        ("_Allocator.get_cpu_copy", {"mamba_indices": None}, None),
+        ("_Pool.get_cpu_copy", {"mamba_indices": None}, 0),
+    ]
+    assert calls[0].children == [1] and not any(c.bind_error for c in calls)
+    assert "get_cpu_copy" not in vars(allocator) and "get_cpu_copy" not in vars(allocator._kvcache)
+
+
+def test_recording_sees_the_call_that_does_not_bind():
+    from npudoctor import liveoffload
+
+    allocator = _Allocator(_NarrowPool())
+    with liveoffload.recording(allocator) as calls, pytest.raises(TypeError) as raised:
+        allocator.get_cpu_copy([3], mamba_indices=None)
+    assert calls[1].bind_error and "mamba_indices" in calls[1].bind_error
+    assert liveoffload.binding_keyword(raised.value) == (True, "mamba_indices")
+    assert not liveoffload.accepts(_NarrowPool.get_cpu_copy, "mamba_indices")
+    assert liveoffload.accepts(_Allocator.get_cpu_copy, "mamba_indices")  # through **kwargs
+    assert liveoffload.reads(_Allocator.get_cpu_copy, "mamba_indices") is True  # it forwards kwargs
+    assert liveoffload.reads(_Pool.get_cpu_copy, "mamba_indices") is False
