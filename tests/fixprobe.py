@@ -59,7 +59,8 @@ def inprocess(check_id: str, config: str) -> dict:
     from npudoctor.target import discover
 
     fix = fix_by_id(check_id)
-    decision = decide(fix, discover(), _facts(config))
+    # this mode proves the patch and its revert; the --unsafe opt-in is decide's, tested on its own
+    decision = decide(fix, discover(), _facts(config), allow_unsafe=True)
     if decision.action is not Action.APPLY:
         return {"decision": decision.action.value, "reason": decision.reason}
     with simulated_npu():

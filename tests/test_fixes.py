@@ -20,6 +20,7 @@ from npudoctor.fix import all_fixes
 # The deployment each fix is proven on: one where its check's defect bites.
 SCENARIOS = {
     "NPD001": EXAMPLES / "deepseek-v3.2-pd.yaml",
+    "NPD004": EXAMPLES / "qwen3-cp-prefill.yaml",
 }
 FIX_IDS = sorted(SCENARIOS)
 
@@ -111,7 +112,9 @@ def test_with_fix_turns_the_live_check_green(fix_id, live_report):
 
 
 @pytest.mark.parametrize("fix_id", FIX_IDS)
-def test_npudoctor_run_reaches_a_spawned_child(fix_id, release):
+def test_npudoctor_run_reaches_a_spawned_child(fix_id, subject):
+    from npudoctor.fix import Safety, fix_by_id
+
     version = buggy(fix_id)[0]  # the oldest: no plugin loader, only the bootstrap can deliver it
     run = [
         sys.executable,
@@ -122,11 +125,12 @@ def test_npudoctor_run_reaches_a_spawned_child(fix_id, release):
         str(SCENARIOS[fix_id]),
         "--select",
         fix_id,
+        *(["--unsafe"] if fix_by_id(fix_id).safety is Safety.UNSAFE else []),
         "--",
     ]
-    result = fixprobe("spawn", fix_id, release(version), *run)
+    result = fixprobe("spawn", fix_id, subject(version), *run)
     assert result["status"] == "pass" and result["fixes"] == {fix_id: "applied"}, result
-    unpatched = fixprobe("spawn", fix_id, release(version))
+    unpatched = fixprobe("spawn", fix_id, subject(version))
     assert unpatched["status"] == "fail" and unpatched["fixes"] == {}
 
 
