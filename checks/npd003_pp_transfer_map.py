@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import ast
 import gc
+from dataclasses import dataclass, field
 
 from npudoctor import livepools, livetransfer
 from npudoctor.check import Check, Probe
 from npudoctor.facts import AttentionKind, Facts, ModelFacts, RoleFacts
-from npudoctor.livecode import code_location, exception_evidence
+from npudoctor.livecode import code_location, exception_evidence, raising_location
 from npudoctor.pools import pool_family
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, MethodRef, SourceTree
@@ -45,7 +46,6 @@ from npudoctor.target import Target
 
 _LAYER_COUNT_HINTS = ("total_kv_layers", "hidden_kv_layers", "draft_kv_layers", "num_draft")
 _SHOWN_PAIRS = 4  # wrong pairs quoted per stage
-_BOOTSTRAP = "sglang's PD bootstrap"
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
@@ -110,14 +110,6 @@ class PipelineTransferMap(Check):
             return Probe(Status.SKIP, scope)
         families, draft_layers, assumptions, roles = scope
         prefill, decode, role_notes = _live_roles(facts, draft_layers)
-        if prefill.pp_size == 1:
-            return Probe(
-                Status.SKIP,
-                f"prefill pp_size 1 (decode pp_size {decode.pp_size}): the prefill sends whole-model "
-                "pointer lists; NPD003's live probe covers PP on the prefill side",
-                assumptions=assumptions,
-                roles=roles,
-            )
         if decode.pp_size not in (1, prefill.pp_size):
             return Probe(
                 Status.WARN,
@@ -126,37 +118,18 @@ class PipelineTransferMap(Check):
                 assumptions=assumptions,
                 roles=roles,
             )
-        findings: list[tuple[Status, Evidence]] = []
-        notes: list[str] = list(role_notes)
-        summaries: list[str] = []
+        outcomes = []
+        notes = list(role_notes)
         for family in families:
             model = facts.model or _ASSUMED_MODELS[family]
             if facts.model is None:
                 notes.append(f"live: {family.upper()} model {model.source}")
-            family_findings, family_notes, summary = _live_family(family, model, prefill, decode)
-            findings.extend(family_findings)
-            notes.extend(family_notes)
-            summaries.append(summary)
+            outcomes.append(_live_family(family, model, prefill, decode))
+        findings = [f for outcome in outcomes for f in outcome.findings]
         worst = max((s for s, _ in findings), key=lambda s: s.severity, default=Status.WARN)
+        notes += [n for outcome in outcomes for n in outcome.notes]
         evidence = tuple(e for _, e in findings)
-        text = "; ".join(x for x in summaries if x)
-        crashed = sorted({e.observed.split(":")[0] for e in evidence if e.expected.startswith(_BOOTSTRAP)})
-        if crashed:
-            text += (
-                f"; note: sglang's PD bootstrap itself raised ({', '.join(crashed)}) before any "
-                "transfer, a defect outside NPD003 (see evidence)"
-            )
-        if worst is Status.FAIL:
-            summary = (
-                f"PP prefill stages send KV into other layers' or kinds' buffers on decode (live): {text}"
-            )
-        elif worst is Status.WARN:
-            summary = f"cannot tell whether the PP pointer mapping is right (live): {text}"
-        else:
-            summary = (
-                f"every prefill PP stage's buffers land in the same layer and kind on decode (live): {text}"
-            )
-        return Probe(worst, summary, evidence, assumptions + tuple(notes), roles)
+        return Probe(worst, _live_summary(worst, outcomes), evidence, assumptions + tuple(notes), roles)
 
     def static(self, target: Target, facts: Facts) -> Probe:
         scope = _scope(facts)
@@ -215,6 +188,22 @@ def _scope(facts: Facts):
     others = {r.transfer_backend for r in pd_roles if r.transfer_backend not in (None, "ascend")}
     if others:
         return f"transfer backend {', '.join(sorted(others))}: NPD003 concerns the ascend transfer engine"
+    prefill, decode = facts.role("prefill"), facts.role("decode")
+    if prefill is not None and prefill.pp_size == 1:
+        return (
+            "prefill pp_size 1: the prefill sends whole-model pointer lists; NPD003 concerns PP on "
+            "the prefill side (send_kvcache's PP branch runs only there)"
+        )
+    if (
+        prefill is not None
+        and decode is not None
+        and decode.pp_size == prefill.pp_size
+        and not decode.draft_layers
+    ):
+        return (
+            f"decode pp_size equals prefill pp_size ({prefill.pp_size}) without draft layers: each prefill "
+            "stage sends to the decode stage that holds the same layers, pointer list for pointer list"
+        )
     assumptions: list[str] = []
     if any(r.transfer_backend is None for r in pd_roles):
         assumptions.append("disaggregation_transfer_backend not given: assumed ascend")
@@ -245,10 +234,17 @@ def _live_roles(facts: Facts, draft_layers: int) -> tuple[RoleFacts, RoleFacts, 
     return prefill, decode, notes
 
 
-def _live_family(
-    family: str, model: ModelFacts, prefill: RoleFacts, decode: RoleFacts
-) -> tuple[list[tuple[Status, Evidence]], list[str], str]:
-    """Findings (one per prefill stage), notes and a one-line summary for one pool family."""
+@dataclass
+class _FamilyOutcome:
+    """One pool family's live findings (one per prefill stage), notes and one-line summary."""
+
+    findings: list[tuple[Status, Evidence]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: str = ""
+    crashes: list[str] = field(default_factory=list)  # sglang's PD bootstrap exceptions, by type
+
+
+def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: RoleFacts) -> _FamilyOutcome:
     kind = family.upper()
     cls = livetransfer.pool_class(family)
     if cls is None:
@@ -256,37 +252,62 @@ def _live_family(
             expected=f"an NPU {kind} KV pool class in sglang",
             observed="none is loaded from this release: its layout is not one npudoctor recognises",
         )
-        return [(Status.WARN, evidence)], [], f"{kind}: no NPU pool class"
+        return _FamilyOutcome([(Status.WARN, evidence)], summary=f"{kind}: no NPU pool class")
     kv_args_class, manager_class = livetransfer.kv_classes()
     ranges, split_at = livepools.in_role(
         prefill, lambda: livetransfer.stage_ranges(model.num_layers, prefill.pp_size)
     )
     stages = ", ".join(f"{start}-{end - 1}" for start, end in ranges)
-    notes = [
-        f"live {kind}: prefill stages (layers {stages}) from sglang's get_pp_indices"
-        + (f" ({split_at.path}:{split_at.line})" if split_at else ""),
-        _producer_note(),
-    ]
+    outcome = _FamilyOutcome(
+        notes=[
+            f"live {kind}: prefill stages (layers {stages}) from sglang's get_pp_indices"
+            + (f" ({split_at.path}:{split_at.line})" if split_at else ""),
+            _producer_note(),
+        ]
+    )
     probe = _StageProbe(cls, model, prefill, decode, kv_args_class, manager_class)
-    findings: list[tuple[Status, Evidence]] = []
-    outcomes: list[str] = []
+    results: list[str] = []
     try:
         if decode.pp_size == 1:  # decode registers the whole model (+ draft) once for every stage
             probe.decode_side = probe.side(decode, (0, model.num_layers), decode.draft_layers, 0)
-            probe.note_bootstrap(probe.decode_side, decode)
         for stage, layers in enumerate(ranges):
-            stage_findings, outcome = probe.run(stage, layers)
-            findings.extend(stage_findings)
-            outcomes.append(outcome)
-    except livepools.CannotBuild as reason:
-        evidence = Evidence(expected=f"a {cls.__name__} for this deployment", observed=str(reason))
-        findings.append((Status.WARN, evidence))
-        outcomes.append(str(reason))
+            finding, result = probe.run(stage, layers)
+            outcome.findings.append(finding)
+            results.append(result)
+    except Exception as error:  # sglang cannot build this deployment's pools or kv_args
+        if not isinstance(error, livepools.CannotBuild) and raising_location(error) is None:
+            raise  # npudoctor's own bug: an error result, not a finding
+        outcome.findings.append((Status.WARN, _cannot_build(cls, error)))
+        results.append("not built")
     finally:
         probe.decode_side = None
         gc.collect()
-    findings.extend(probe.bootstrap_findings())
-    return findings, notes, f"{kind} " + ", ".join(outcomes)
+    outcome.findings.extend(probe.bootstrap_findings())
+    outcome.crashes = sorted({type(error).__name__ for error in probe.bootstrap_errors.values()})
+    outcome.summary = f"{kind} " + ", ".join(results)
+    return outcome
+
+
+def _cannot_build(cls: type, error: Exception) -> Evidence:
+    expected = f"{cls.__name__} pools and kv_args for this deployment, as sglang builds them"
+    if isinstance(error, livepools.CannotBuild):
+        return Evidence(expected=expected, observed=str(error), location=code_location(cls, "__init__"))
+    return exception_evidence(expected, error)
+
+
+def _live_summary(worst: Status, outcomes: list[_FamilyOutcome]) -> str:
+    text = "; ".join(outcome.summary for outcome in outcomes)
+    crashes = sorted({c for outcome in outcomes for c in outcome.crashes})
+    if crashes:
+        text += (
+            f"; note: sglang's PD bootstrap itself raised ({', '.join(crashes)}) before any "
+            "transfer, a defect outside NPD003 (see evidence)"
+        )
+    if worst is Status.FAIL:
+        return f"PP prefill stages send KV into other layers' or kinds' buffers on decode (live): {text}"
+    if worst is Status.WARN:
+        return f"cannot tell whether the PP pointer mapping is right (live): {text}"
+    return f"every prefill PP stage's buffers land in the same layer and kind on decode (live): {text}"
 
 
 class _StageProbe:
@@ -300,10 +321,6 @@ class _StageProbe:
         self.decode_side: livetransfer.Side | None = None
         self.bootstrap_errors: dict[str, BaseException] = {}  # first per role
 
-    def note_bootstrap(self, side: livetransfer.Side, role: RoleFacts) -> None:
-        for error in side.bootstrap_errors:
-            self.bootstrap_errors.setdefault(role.name, error)
-
     def bootstrap_findings(self) -> list[tuple[Status, Evidence]]:
         """sglang's PD bootstrap raising while it registers *state* buffers: reported as observed,
         but outside NPD003's property (state buffers do not go through ``send_kvcache``)."""
@@ -312,7 +329,7 @@ class _StageProbe:
             raised = exception_evidence("", error)
             evidence = Evidence(
                 expected=(
-                    f"{_BOOTSTRAP} ({role}: setup_state_kv_args) registers the pools' buffers; outside "
+                    f"sglang's PD bootstrap ({role}: setup_state_kv_args) registers the pools' buffers; outside "
                     "NPD003, whose KV mapping was then probed with the pool reporting no state buffers"
                 ),
                 observed=f"{raised.observed}: this deployment's {role} fails before any transfer",
@@ -322,22 +339,25 @@ class _StageProbe:
         return findings
 
     def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
-        return livepools.in_role(
+        """One role's pools and kv_args, built in the role's environment."""
+        built = livepools.in_role(
             role,
             lambda: livetransfer.build_side(
                 self.cls, self.model, role, layers, draft_layers, self.kv_args_class, stage
             ),
         )
+        for error in built.bootstrap_errors:
+            self.bootstrap_errors.setdefault(role.name, error)
+        return built
 
-    def run(self, stage: int, layers: tuple[int, int]) -> tuple[list[tuple[Status, Evidence]], str]:
+    def run(self, stage: int, layers: tuple[int, int]) -> tuple[tuple[Status, Evidence], str]:
+        """The stage's finding and its one-line result."""
         label = f"stage {stage} (layers {layers[0]}-{layers[1] - 1})"
         decode_side = self.decode_side
         if decode_side is None:  # decode with the prefill's PP size: its last stage runs the draft
             last = stage == self.prefill.pp_size - 1
             decode_side = self.side(self.decode, layers, self.decode.draft_layers if last else 0, stage)
         stage_side = self.side(self.prefill, layers, 0, stage)
-        self.note_bootstrap(stage_side, self.prefill)
-        findings: list[tuple[Status, Evidence]] = []
         is_mla = self.model.attention.is_mla
         manager = livetransfer.stand_in_manager(
             self.manager_class, stage_side.kv_args, self.prefill, stage, is_mla
@@ -350,12 +370,12 @@ class _StageProbe:
                 observed=f"it reads {gap}, which npudoctor does not set: a manager shape it does not know",
                 location=code_location(self.manager_class, "send_kvcache"),
             )
-            return [*findings, (Status.WARN, evidence)], f"{label}: not run"
+            return (Status.WARN, evidence), f"{label}: not run"
         finally:
             del stage_side, decode_side, manager
             gc.collect()
-        status, evidence, outcome = _stage_finding(mapping, self.model, self.decode, self.manager_class)
-        return [*findings, (status, evidence)], f"{label}: {outcome}"
+        status, evidence, result = _stage_finding(mapping, self.model, self.decode, self.manager_class)
+        return (status, evidence), f"{label}: {result}"
 
 
 def _producer_note() -> str:
@@ -372,24 +392,31 @@ def _stage_finding(
     mapping: livetransfer.StageMapping, model: ModelFacts, decode: RoleFacts, manager_class: type
 ) -> tuple[Status, Evidence, str]:
     """Expected vs observed for one stage, and a short outcome for the summary."""
-    kinds = "/".join(dict.fromkeys(slot.kind for slot in mapping.registered)) or "KV"
+    kinds = "/".join(dict.fromkeys(slot.kind for slot in mapping.buffers)) or "KV"
     stage = f"prefill stage {mapping.stage} (layers {mapping.start}-{mapping.end - 1})"
     draft = f" + {decode.draft_layers} draft layer(s)" if decode.draft_layers else ""
     expected = (
-        f"{stage}: each of its {len(mapping.registered)} {kinds} buffers written into the same layer "
+        f"{stage}: each of its {len(mapping.buffers)} {kinds} buffers written into the same layer "
         f"and kind on decode ({model.num_layers} layers{draft}), one to one"
     )
     splitter = mapping.splitter()
-    via = f"; via {splitter.name} ({splitter.location.path}:{splitter.location.line})" if splitter else ""
     location = splitter.location if splitter else code_location(manager_class, "send_kvcache")
+    if splitter:
+        via = f"; via {splitter.name} ({splitter.location.path}:{splitter.location.line})"
+    else:
+        via = (
+            f"; {manager_class.__name__}.send_kvcache"
+            + (f" ({location.path}:{location.line})" if location else "")
+            + " called no PP pointer splitter"
+        )
     if mapping.error is not None:
         raised = exception_evidence(expected, mapping.error)
         at = f" at {raised.location}" if raised.location else ""
         observed = f"{stage}: send_kvcache raised {raised.observed}{at}{via}"
         return Status.FAIL, Evidence(expected, observed, raised.location or location), "raised"
-    total = len(mapping.registered)
+    total = len(mapping.buffers)
     if mapping.bijective:
-        first, last = mapping.registered[0], mapping.registered[-1]
+        first, last = mapping.buffers[0], mapping.buffers[-1]
         observed = (
             f"{stage}: {total} of {total} pairs right, one decode buffer each "
             f"({first} -> {first} ... {last} -> {last}){via} (live, CPU)"
@@ -410,9 +437,7 @@ def _mapping_problems(mapping: livetransfer.StageMapping) -> list[str]:
             for source, target in wrong[:_SHOWN_PAIRS]
         )
         more = ", ..." if len(wrong) > _SHOWN_PAIRS else ""
-        problems.append(
-            f"{len({s for s, _ in wrong})} of {len(mapping.registered)} pairs wrong: {shown}{more}"
-        )
+        problems.append(f"{len({s for s, _ in wrong})} of {len(mapping.buffers)} pairs wrong: {shown}{more}")
     if mapping.missing:
         problems.append(f"{len(mapping.missing)} buffer(s) never sent (first: {mapping.missing[0]})")
     if mapping.shared_targets:
@@ -424,8 +449,8 @@ def _mapping_problems(mapping: livetransfer.StageMapping) -> list[str]:
         problems.append(f"{mapping.overruns} block(s) run past the end of their buffer")
     if mapping.unknown_sources:
         problems.append(f"{mapping.unknown_sources} block(s) read from outside the stage's buffers")
-    if not mapping.registered:
-        problems.append("no registered KV buffer of the stage could be located")
+    if not mapping.buffers:
+        problems.append("the stage pool has no KV buffer npudoctor can locate")
     return problems
 
 

@@ -120,6 +120,9 @@ class AddressBook:
         found = self.find(address)
         return found[0] if found else None
 
+    def slots(self) -> list[Slot]:
+        return sorted(slot for _, _, slot in self._ranges)
+
 
 class TransferRecorder:
     """Stands in for the Ascend transfer engine: records what ``_transfer_data`` hands it."""
@@ -149,7 +152,8 @@ class StageMapping:
     stage: int
     start: int  # first global layer of the stage
     end: int  # exclusive
-    registered: list[Slot] = field(default_factory=list)  # the stage's registered buffers
+    # every KV buffer of the stage's pool, in the order sglang registers them (unregistered last)
+    buffers: list[Slot] = field(default_factory=list)
     sent: dict[Slot, set[Slot | None]] = field(default_factory=dict)  # source -> destinations
     unknown_sources: int = 0  # blocks whose source lies in none of the stage's buffers
     overruns: int = 0  # blocks that run past the end of their source or destination buffer
@@ -159,13 +163,13 @@ class StageMapping:
     @property
     def wrong(self) -> list[tuple[Slot, Slot | None]]:
         """(source, destination) pairs that differ, in the stage's registration order."""
-        order = {slot: index for index, slot in enumerate(self.registered)}
+        order = {slot: index for index, slot in enumerate(self.buffers)}
         pairs = [(s, t) for s, targets in self.sent.items() for t in targets if t != s]
         return sorted(pairs, key=lambda pair: (order.get(pair[0], len(order)), pair[0], str(pair[1])))
 
     @property
     def missing(self) -> list[Slot]:
-        return [slot for slot in self.registered if slot not in self.sent]
+        return [slot for slot in self.buffers if slot not in self.sent]
 
     @property
     def shared_targets(self) -> list[Slot]:
@@ -180,7 +184,7 @@ class StageMapping:
     def bijective(self) -> bool:
         return (
             self.error is None
-            and bool(self.registered)
+            and bool(self.buffers)
             and not self.wrong
             and not self.missing
             and not self.unknown_sources
@@ -371,7 +375,8 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
 
     start, end = prefill.pools[0].start_layer, prefill.pools[0].start_layer + prefill.pools[0].layer_num
     mapping = StageMapping(stage, start, end)
-    mapping.registered = [s for s in map(prefill.book.locate, manager.kv_args.kv_data_ptrs) if s is not None]
+    registered = [s for s in map(prefill.book.locate, manager.kv_args.kv_data_ptrs) if s is not None]
+    mapping.buffers = list(dict.fromkeys(registered + prefill.book.slots()))
     recorder = manager.engine
     path: list[Step] = []
 
