@@ -20,6 +20,7 @@ from npudoctor.fix import all_fixes
 # The deployment each fix is proven on: one where its check's defect bites.
 SCENARIOS = {
     "NPD001": EXAMPLES / "deepseek-v3.2-pd.yaml",
+    "NPD002": EXAMPLES / "qwen3-moe-pd-fia.yaml",
     "NPD004": EXAMPLES / "qwen3-cp-prefill.yaml",
 }
 FIX_IDS = sorted(SCENARIOS)
