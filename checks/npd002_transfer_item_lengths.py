@@ -44,7 +44,7 @@ class TransferItemLengths(Check):
     id = "NPD002"
     title = "PD transfer item lengths match the NPU KV buffer layout"
     upstream = ("https://github.com/sgl-project/sglang/pull/15852",)
-    fixed_in = "0.5.11"
+    fixed_in = "0.5.10"
     why = (
         "With ASCEND_USE_FIA=1 the NPU MHA buffer is token-major; if get_contiguous_buf_infos "
         "reports one token per transfer item instead of one page, PD transfer copies a fraction "
