@@ -8,9 +8,14 @@ unpatched. ``NPUDOCTOR_DISABLE_FIXES=1`` turns every fix off.
 A *plan* is ``{fix id: shape}`` as ``npudoctor.fix.decide`` accepted it. ``enable(plan)``
 registers a post-import hook (wrapt) on each fix's modules; when the last of them is
 imported, the shape of the imported code is compared with the planned one and, only if
-they are equal, each replaced site is wrapped with ``wrapt.wrap_function_wrapper``.
-``revert()`` removes exactly those wrappers with ``wrapt.unwrap_object``, which restores
-the original attribute where it was defined, or deletes one the fix added.
+they are equal, each site the fix installs in that code (``Fix.installs``) is wrapped with
+``wrapt.wrap_object``: a function wrapper that calls the replacement, with the replacement's
+signature as its visible one (wrapt's adapter), so ``inspect.signature`` of the patched
+method says what now binds rather than what the original accepted (a fix that widens a
+signature is judged by that). A replacement marked ``calls_original`` gets the original,
+bound to the instance, as its first argument. ``revert()`` removes exactly those wrappers
+with ``wrapt.unwrap_object``, which restores the original attribute where it was defined,
+or deletes one the fix added.
 
 The ``npudoctor run`` bootstrap runs at every interpreter start, most of which never
 import sglang (pip, compilers, helper scripts): it only puts a finder on ``sys.meta_path``
@@ -185,14 +190,17 @@ def _apply(fix_id: str, shape: dict[str, str]) -> None:
             say_once(f"{fix_id} not applied: {_outcomes[fix_id]}")
             return
         installed: list[tuple[object, str, object]] = []
+        wanted = fix.installs_in_modules()
         try:
             for site_text, replacement in fix.implementations().items():
+                if site_text not in wanted:
+                    continue  # already right in this code
                 site = Site.parse(site_text)
                 owner_path, _, name = site.qualname.rpartition(".")
                 owner = sys.modules[site.module]
                 for part in owner_path.split(".") if owner_path else ():
                     owner = getattr(owner, part)
-                handle = wrapt.wrap_function_wrapper(owner, name, _replacing(replacement))
+                handle = wrapt.wrap_object(owner, name, _wrapper_of, (replacement,))
                 installed.append((owner, name, handle))
         except Exception:
             for owner, name, handle in reversed(installed):
@@ -202,12 +210,44 @@ def _apply(fix_id: str, shape: dict[str, str]) -> None:
         _outcomes[fix_id] = "applied"
 
 
+def _wrapper_of(original, replacement):
+    """The wrapt function wrapper installed in place of ``original``: it calls ``replacement``,
+    and shows the replacement's signature to introspection."""
+    import wrapt
+
+    return wrapt.decorator(_replacing(replacement), adapter=_visible(replacement))(original)
+
+
 def _replacing(replacement):
     """A wrapt wrapper that calls the fixed implementation instead of the wrapped one."""
+    takes_original = getattr(replacement, "calls_original", False)
 
     def wrapper(wrapped, instance, args, kwargs):
         if instance is None:  # called through the class: Cls.method(obj, ...)
+            if takes_original and args:
+                import functools
+
+                return replacement(functools.partial(wrapped, args[0]), *args, **kwargs)
             return replacement(*args, **kwargs)
+        if takes_original:
+            return replacement(wrapped, instance, *args, **kwargs)
         return replacement(instance, *args, **kwargs)
 
     return wrapper
+
+
+def _visible(replacement):
+    """What callers see of ``replacement``: itself, or, for one that ``calls_original``, its
+    signature without that first parameter."""
+    if not getattr(replacement, "calls_original", False):
+        return replacement
+    import inspect  # here, not at import: the `npudoctor run` bootstrap imports this module everywhere
+
+    signature = inspect.signature(replacement)
+
+    def adapter(*args, **kwargs):  # never called: only its signature is read
+        raise NotImplementedError
+
+    adapter.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    adapter.__name__, adapter.__qualname__ = replacement.__name__, replacement.__qualname__
+    return adapter

@@ -18,6 +18,13 @@ questions of the target:
 The processes that patch (sglang plugin, ``npudoctor run`` bootstrap, the live child)
 recompute the shape from the imported code and patch only if it still equals the one
 ``decide`` accepted, so an sglang upgraded after ``npudoctor fix --apply`` is left alone.
+
+Which of the ``replaces`` sites are installed is asked of the code too (``installs``): all of
+them by default; a fix whose sites upstream repaired one release at a time skips the ones the
+code already gets right (sglang 0.5.14 widened one NPU pool's offload signature, 0.5.15 the
+other), so ``decide``, the record and the patching process install exactly the sites that
+need it. A replacement that only has to run the code it replaces differently (a wider
+signature around the same body) is marked ``calls_original`` and receives that original.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from npudoctor.check import Check
@@ -41,6 +48,18 @@ if TYPE_CHECKING:
     from npudoctor.target import Target
 
 MISSING = "missing"  # the shape of a site that does not exist in the target
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+_Replacement = TypeVar("_Replacement", bound=Callable)
+
+
+def calls_original(replacement: _Replacement) -> _Replacement:
+    """Mark a replacement that runs the implementation it replaces.
+
+    It is called as ``replacement(original, self, *args, **kwargs)``, ``original`` being the
+    replaced function bound to the instance; callers, and ``inspect.signature``, see the rest
+    of its signature (``npudoctor.activation`` installs it that way)."""
+    replacement.calls_original = True  # type: ignore[attr-defined]
+    return replacement
 
 
 class Safety(str, enum.Enum):
@@ -79,6 +98,21 @@ class Fix:
     def implementations(self) -> dict[str, Callable]:
         """``{site: replacement}`` for every site in ``replaces``; called in the patching process."""
         raise NotImplementedError
+
+    def installs(self, functions: dict[str, FunctionNode | None]) -> tuple[str, ...]:
+        """The sites of ``replaces`` to install in code whose sites (replaced and anchors) are
+        ``functions`` (each as the target resolves it, None where absent): every one by default.
+        Asked only of a shape ``written_for`` knows; a fix overrides it when some of its sites
+        are already right in some of those releases."""
+        return self.replaces
+
+    def installs_in_source(self, tree: SourceTree) -> tuple[str, ...]:
+        """``installs`` for the target's source files (no import)."""
+        return self.installs({str(site): _static_node(tree, site) for site in self.sites})
+
+    def installs_in_modules(self) -> tuple[str, ...]:
+        """``installs`` for the imported modules (in the patching process)."""
+        return self.installs({str(site): _live_node(site) for site in self.sites})
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -131,6 +165,7 @@ class Decision:
     reason: str
     shape: dict[str, str]
     release: str | None = None  # the release whose shape matched
+    installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
 
 
 def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
@@ -159,6 +194,16 @@ def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -
             + f" differ from sglang {', '.join(fix.written_for)}",
             shape,
         )
+    installs = fix.installs_in_source(target.tree)
+    if not installs:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} fails here ({result.summary}), but none of the functions this fix replaces "
+            "needs it in this code",
+            shape,
+            release,
+        )
     if fix.safety is Safety.UNSAFE and not allow_unsafe:
         return Decision(
             fix.id,
@@ -166,8 +211,16 @@ def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -
             "changes behaviour of running code (unsafe): pass --unsafe to apply it",
             shape,
             release,
+            installs,
         )
-    return Decision(fix.id, Action.APPLY, f"{fix.id} fails here: {result.summary}", shape, release)
+    reason = f"{fix.id} fails here: {result.summary}"
+    if set(installs) != set(fix.replaces):
+        kept = [site.partition(":")[2] for site in fix.replaces if site not in installs]
+        reason += (
+            f"; replaces only {', '.join(site.partition(':')[2] for site in installs)} here "
+            f"({', '.join(kept)} already right in this code)"
+        )
+    return Decision(fix.id, Action.APPLY, reason, shape, release, installs)
 
 
 def all_fixes() -> list[Fix]:
@@ -218,9 +271,15 @@ def _without_docstring(node: ast.AST) -> ast.AST:
 
 
 def _static_shape(tree: SourceTree, site: Site) -> str:
+    node = _static_node(tree, site)
+    return MISSING if node is None else shape_of_node(node)
+
+
+def _static_node(tree: SourceTree, site: Site) -> FunctionNode | None:
+    """The ``def`` of ``site`` in the target's source (through the MRO for a method), or None."""
     path = tree.module_path(site.module)
     if path is None:
-        return MISSING
+        return None
     owner, _, name = site.qualname.rpartition(".")
     if not owner:
         module = tree.parse(path)
@@ -229,22 +288,29 @@ def _static_shape(tree: SourceTree, site: Site) -> str:
             for n in (module.body if module else [])
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
         ]
-        return shape_of_node(found[-1]) if found else MISSING
+        return found[-1] if found else None
     classes = [c for c in tree.classes_in(path) if c.name == owner]
     if not classes:
-        return MISSING
+        return None
     method = tree.lookup(tree.mro(classes[-1]), name)
-    return shape_of_node(method.node) if method else MISSING
+    return method.node if method else None
 
 
 def _live_shape(site: Site) -> str:
+    node = _live_node(site)
+    return MISSING if node is None else shape_of_node(node)
+
+
+def _live_node(site: Site) -> FunctionNode | None:
+    """The ``def`` of ``site`` as the imported module has it (the original's, where a fix is
+    installed: ``inspect.getsource`` unwraps), or None."""
     module = sys.modules.get(site.module) or importlib.import_module(site.module)
     owner, _, name = site.qualname.rpartition(".")
     scope = module
     for part in owner.split(".") if owner else ():
         scope = getattr(scope, part, None)
         if scope is None:
-            return MISSING
+            return None
     if isinstance(scope, type):
         definer = next((k for k in scope.__mro__ if name in vars(k)), None)
         function = vars(definer)[name] if definer is not None else None
@@ -252,6 +318,6 @@ def _live_shape(site: Site) -> str:
         function = vars(scope).get(name)
     function = getattr(function, "__func__", function)
     if function is None or not inspect.isfunction(function):
-        return MISSING
+        return None
     source = textwrap.dedent(inspect.getsource(function))
-    return shape_of_node(ast.parse(source).body[0])
+    return ast.parse(source).body[0]  # type: ignore[return-value]

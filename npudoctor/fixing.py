@@ -61,7 +61,7 @@ def record_document(planned: list[Planned], target: Target) -> dict:
                 "release": p.decision.release,
                 "upstream": p.fix.upstream,
                 "safety": p.fix.safety.value,
-                "replaces": list(p.fix.replaces),
+                "replaces": list(p.decision.installs or p.fix.replaces),  # what this code gets
             }
             for p in planned
             if p.decision.action is Action.APPLY

@@ -22,6 +22,7 @@ SCENARIOS = {
     "NPD001": EXAMPLES / "deepseek-v3.2-pd.yaml",
     "NPD002": EXAMPLES / "qwen3-moe-pd-fia.yaml",
     "NPD004": EXAMPLES / "qwen3-cp-prefill.yaml",
+    "NPD005": EXAMPLES / "deepseek-v3-pd.yaml",
 }
 FIX_IDS = sorted(SCENARIOS)
 
