@@ -298,7 +298,7 @@ def _plan_json(planned) -> list[dict]:
             "reason": p.decision.reason,
             "safety": p.fix.safety.value,
             "upstream": p.fix.upstream,
-            "replaces": list(p.fix.replaces),
+            "replaces": list(p.decision.installs or p.fix.replaces),
             "release": p.decision.release,
         }
         for p in planned
@@ -314,7 +314,7 @@ def _print_plan(console: Console, planned) -> None:
             p.fix.id,
             p.decision.action.value,
             p.fix.safety.value,
-            "\n".join(s.split(":")[1] for s in p.fix.replaces),
+            "\n".join(s.split(":")[1] for s in (p.decision.installs or p.fix.replaces)),
             escape(f"{p.decision.reason}\n{p.fix.upstream}"),
         )
     console.print(table)
