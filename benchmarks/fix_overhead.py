@@ -6,9 +6,9 @@ each override's hot path against the upstream fixed method on the same data.
 
 * start-up: ``python -c pass`` with the bootstrap on PYTHONPATH and a plan of every fix
   vs without, median of ``--runs`` each (the bootstrap only arms import hooks);
-* NPD001: ``get_cpu_copy`` + ``load_cpu_copy`` of 1024 scattered slots on a DeepSeek-V3
-  sized NPU MLA pool (61 layers, page 128, 32 pages) built on CPU from sglang 0.5.13, whose
-  own methods are the upstream fix; the override runs on the very same pool object.
+* each fix's hot path: the override as npudoctor installs it (a wrapt wrapper) against the
+  upstream fixed method of the release that ships it, on the very same object (e.g. NPD001:
+  offload + reload of 1024 slots of a DeepSeek-V3 sized NPU MLA pool from sglang 0.5.13).
 """
 
 from __future__ import annotations
@@ -53,51 +53,121 @@ def startup(runs: int) -> tuple[float, float]:
         return median(base), median(with_bootstrap)
 
 
-NPD001_HOT_PATH = r"""
-import statistics, sys, time, json
+# Each hot path runs in a child with the release that ships the upstream fix on PYTHONPATH;
+# upstream and override are timed on the very same object, alternately, after a warm-up.
+PRELUDE = r"""
+import json, statistics, sys, time
 import torch
-from npudoctor.npusim import simulated_npu, npu_runtime
 from npudoctor import livepools
-from npudoctor.facts import RoleFacts
+from npudoctor.activation import _wrapper_of
 from npudoctor.deployment import from_yaml
-from npudoctor.fixes import npd001_cpu_offload_roundtrip as fix
+from npudoctor.facts import RoleFacts
+from npudoctor.npusim import npu_runtime, simulated_npu
 from pathlib import Path
 
 repeat = int(sys.argv[1])
 facts = from_yaml(Path(sys.argv[2])).facts
-with simulated_npu():
-    livepools.import_pool_modules()
-    cls = [c for c in livepools.npu_pool_classes("mla") if c.__name__ == "NPUMLATokenToKVPool"][0]
-    role = RoleFacts(name="decode", disaggregation_mode="decode", page_size=128)
-    livepools.PAGES = 32
-    with npu_runtime():
-        pool = livepools.build_pool(cls, facts.model, role)
-        indices = torch.randperm(pool.size)[:1024] + pool.page_size
-        target = torch.randperm(pool.size)[:1024] + pool.page_size
 
-        pair = {"upstream": (cls.get_cpu_copy, cls.load_cpu_copy), "override": (fix.get_cpu_copy, fix.load_cpu_copy)}
-        times = {name: [] for name in pair}
-        for name, (get, load) in pair.items():  # warm-up: first touches of the buffers
-            load(pool, get(pool, indices), target)
-        for _ in range(repeat):  # alternate, so drift on a shared machine hits both alike
-            for name, (get, load) in pair.items():
-                start = time.perf_counter()
-                load(pool, get(pool, indices), target)
-                times[name].append(time.perf_counter() - start)
-        upstream, override = (statistics.median(times[name]) for name in pair)
-print(json.dumps({"upstream": upstream, "override": override}))
+
+def installed(cls, name, replacement, pool):
+    # the replacement as npudoctor installs it (a wrapt wrapper of the original), bound to pool
+    return _wrapper_of(getattr(cls, name), replacement).__get__(pool, cls)
+
+
+def race(pair):
+    times = {name: [] for name in pair}
+    for call in pair.values():
+        call()
+    for _ in range(repeat):
+        for name, call in pair.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def pool_of(family, name, pages):
+    livepools.PAGES = pages
+    cls = [c for c in livepools.npu_pool_classes(family) if c.__name__ == name][0]
+    return cls, livepools.build_pool(cls, facts.model, RoleFacts(name="decode", disaggregation_mode="decode"))
 """
 
+HOT_PATHS = {
+    "NPD001": (
+        "0.5.13",
+        "deepseek-v3-pd.yaml",
+        {},
+        "get_cpu_copy + load_cpu_copy of 1024 slots, NPU MLA pool, 61 layers",
+        r"""
+from npudoctor.fixes import npd001_cpu_offload_roundtrip as fix
+with simulated_npu():
+    livepools.import_pool_modules()
+    with npu_runtime():
+        cls, pool = pool_of("mla", "NPUMLATokenToKVPool", 32)
+        src, dst = (torch.randperm(pool.size)[:1024] + pool.page_size for _ in range(2))
+        get, load = (installed(cls, n, getattr(fix, n), pool) for n in ("get_cpu_copy", "load_cpu_copy"))
+        print(json.dumps(race({
+            "upstream": lambda: pool.load_cpu_copy(pool.get_cpu_copy(src), dst),
+            "override": lambda: load(get(src), dst),
+        })))
+""",
+    ),
+    "NPD002": (
+        "0.5.10",
+        "qwen3-moe-pd-fia.yaml",
+        {"ASCEND_USE_FIA": "1"},
+        "get_contiguous_buf_infos, NPU MHA pool under FIA, 48 layers",
+        r"""
+from npudoctor.fixes import npd002_transfer_item_lengths as fix
+with simulated_npu():
+    livepools.import_pool_modules()
+    with npu_runtime():
+        cls, pool = pool_of("mha", "NPUMHATokenToKVPool", 4)
+        override = installed(cls, "get_contiguous_buf_infos", fix.get_contiguous_buf_infos, pool)
+        assert override() == pool.get_contiguous_buf_infos()
+        print(json.dumps(race({"upstream": pool.get_contiguous_buf_infos, "override": override})))
+""",
+    ),
+    "NPD005": (
+        "0.5.15",
+        "deepseek-v3-pd.yaml",
+        {},
+        "get_cpu_copy(mamba_indices=None) of 1024 slots, NPU MLA pool, 61 layers (adapter around the same body)",
+        r"""
+from npudoctor.fixes import npd005_offload_signatures as fix
+with simulated_npu():
+    livepools.import_pool_modules()
+    with npu_runtime():
+        cls, pool = pool_of("mla", "NPUMLATokenToKVPool", 32)
+        src = torch.randperm(pool.size)[:1024] + pool.page_size
+        override = installed(cls, "get_cpu_copy", fix.get_cpu_copy, pool)
+        print(json.dumps(race({
+            "upstream": lambda: pool.get_cpu_copy(src, mamba_indices=None),
+            "override": lambda: override(src, mamba_indices=None),
+        })))
+""",
+    ),
+}
 
-def npd001_hot_path(repeat: int) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(fetch("0.5.13"))}
-    done = subprocess.run(
-        [sys.executable, "-c", NPD001_HOT_PATH, str(repeat), str(REPO / "examples" / "deepseek-v3-pd.yaml")],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(done.stderr[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+
+def hot_paths(repeat: int) -> list[str]:
+    """One line per fix: the override's hot path vs the upstream fixed method on the same object."""
+    lines = []
+    for fix_id, (release, example, env, what, body) in HOT_PATHS.items():
+        environment = {**os.environ, **env, "PYTHONPATH": str(fetch(release))}
+        done = subprocess.run(
+            [sys.executable, "-c", PRELUDE + body, str(repeat), str(REPO / "examples" / example)],
+            capture_output=True, text=True, env=environment,
+        )  # fmt: skip
+        if done.returncode != 0:
+            lines.append(f"{fix_id}: not measured: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+        lines.append(
+            f"{fix_id} {what}: upstream {release} {times['upstream'] * 1000:.3f} ms, override "
+            f"{times['override'] * 1000:.3f} ms (ratio {times['override'] / times['upstream']:.2f}; median of {repeat})"
+        )
+    return lines
 
 
 def main() -> int:
@@ -110,12 +180,8 @@ def main() -> int:
         f"python -c pass: {plain * 1000:.1f} ms, with the npudoctor run bootstrap: {boot * 1000:.1f} ms "
         f"(+{(boot - plain) * 1000:.1f} ms, ratio {boot / plain:.2f}; median of {args.runs})"
     )
-    hot = npd001_hot_path(args.repeat)
-    print(
-        f"NPD001 offload+reload of 1024 slots, DeepSeek-V3 MLA pool (61 layers): upstream 0.5.13 "
-        f"{hot['upstream'] * 1000:.1f} ms, override {hot['override'] * 1000:.1f} ms "
-        f"(ratio {hot['override'] / hot['upstream']:.2f}; median of {args.repeat})"
-    )
+    for line in hot_paths(args.repeat):
+        print(line)
     return 0
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +39,14 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
 
 
+@dataclass(frozen=True)
+class LiveCost:
+    wall: float  # seconds, whole `npudoctor check --depth live` process
+    peak_rss_mb: float  # the live child's peak
+    import_rss_mb: float  # the live child's RSS right after importing the probed modules
+    statuses: str
+
+
 def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -47,6 +57,34 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float,
     return time.perf_counter() - start, done.stdout
 
 
+def bare_import(tree: Path, runs: int) -> tuple[float, float]:
+    """Median wall time and peak RSS (MB) of importing the probed modules of ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    bare = [timed([sys.executable, "-c", BARE_IMPORT], env) for _ in range(runs)]
+    return statistics.median(t for t, _ in bare), statistics.median(
+        float(o.strip().splitlines()[-1]) for _, o in bare
+    )
+
+
+def live_check(tree: Path, config: Path, runs: int) -> LiveCost:
+    """Median cost of ``npudoctor check --depth live`` with every live probe."""
+    command = [
+        sys.executable, "-m", "npudoctor", "check", "--depth", "live", "--format", "json",
+        "--sglang-path", str(tree), "--config", str(config),
+    ]  # fmt: skip
+    runs_done = [timed(command) for _ in range(runs)]
+    reports = [json.loads(out) for _, out in runs_done]
+    live = reports[-1]["live"]
+    if not live or not live.get("ran"):
+        raise SystemExit(f"live depth did not run: {live}")
+    return LiveCost(
+        wall=statistics.median(t for t, _ in runs_done),
+        peak_rss_mb=statistics.median(r["live"]["peak_rss_mb"] for r in reports),
+        import_rss_mb=statistics.median(r["live"]["import_rss_mb"] for r in reports),
+        statuses=", ".join(f"{r['id']}={r['status']}/{r['depth']}" for r in reports[-1]["results"]),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -54,44 +92,16 @@ def main() -> int:
     parser.add_argument("--config", default=str(REPO / "examples" / "deepseek-v3-pd.yaml"))
     args = parser.parse_args()
     tree = fetch(args.release)
-    env = {**__import__("os").environ, "PYTHONPATH": str(tree)}
-
-    bare = [timed([sys.executable, "-c", BARE_IMPORT], env) for _ in range(args.runs)]
-    bare_wall = statistics.median(t for t, _ in bare)
-    bare_rss = statistics.median(float(out.strip().splitlines()[-1]) for _, out in bare)
-
-    command = [
-        sys.executable,
-        "-m",
-        "npudoctor",
-        "check",
-        "--depth",
-        "live",
-        "--format",
-        "json",
-        "--sglang-path",
-        str(tree),
-        "--config",
-        args.config,
-    ]
-    runs = [timed(command) for _ in range(args.runs)]
-    wall = statistics.median(t for t, _ in runs)
-    reports = [json.loads(out) for _, out in runs]
-    live = reports[-1]["live"]
-    if not live or not live.get("ran"):
-        raise SystemExit(f"live depth did not run: {live}")
-    peak = statistics.median(r["live"]["peak_rss_mb"] for r in reports)
-    after_import = statistics.median(r["live"]["import_rss_mb"] for r in reports)
-    statuses = ", ".join(f"{r['id']}={r['status']}/{r['depth']}" for r in reports[-1]["results"])
-
+    bare_wall, bare_rss = bare_import(tree, args.runs)
+    cost = live_check(tree, Path(args.config), args.runs)
     print(f"sglang {args.release}, {Path(args.config).name}, median of {args.runs} runs")
     print(f"bare import of the probed modules: {bare_wall:.2f} s wall, {bare_rss:.0f} MB peak RSS")
-    print(f"npudoctor check --depth live:      {wall:.2f} s wall (ratio {wall / bare_wall:.2f})")
+    print(f"npudoctor check --depth live:      {cost.wall:.2f} s wall (ratio {cost.wall / bare_wall:.2f})")
     print(
-        f"live child peak RSS: {peak:.0f} MB, {after_import:.0f} MB after the import "
-        f"(+{peak - after_import:.0f} MB for the probes)"
+        f"live child peak RSS: {cost.peak_rss_mb:.0f} MB, {cost.import_rss_mb:.0f} MB after the import "
+        f"(+{cost.peak_rss_mb - cost.import_rss_mb:.0f} MB for the probes)"
     )
-    print(f"results: {statuses}")
+    print(f"results: {cost.statuses}")
     return 0
 
 

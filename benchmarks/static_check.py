@@ -53,6 +53,14 @@ def check_command(tree: Path) -> list[str]:
     ]
 
 
+def cached_trees() -> list[Path]:
+    """Every complete release tree in the wheel cache, oldest first."""
+    return sorted(
+        (p for p in (cache_dir() / "trees").iterdir() if (p / ".complete").is_file()),
+        key=lambda p: tuple(int(x) if x.isdigit() else 0 for x in p.name.split(".")),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -71,10 +79,7 @@ def main() -> int:
         print(f"python -c 'import torch':                   {torch:.3f} s")
         print(f"ratio check / import torch:                 {check / torch:.2f}")
 
-    trees = sorted(
-        (p for p in (cache_dir() / "trees").iterdir() if (p / ".complete").is_file()),
-        key=lambda p: tuple(int(x) if x.isdigit() else 0 for x in p.name.split(".")),
-    )
+    trees = cached_trees()
     total = 0.0
     print(f"\nstatic sweep of {len(trees)} cached releases (median of {args.runs}):")
     for release_tree in trees:
