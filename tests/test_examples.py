@@ -1,0 +1,611 @@
+"""Every example in examples/, run as users run it, against real sglang releases.
+
+* each deployment YAML loads and checks cleanly (exit 0 or 1, never 2/3, no ``error`` result)
+  on every known release and synthetic state;
+* for the defect each example exercises: the verdict on a buggy and a fixed state is the
+  team's known truth (``shared/truth/known.yaml``), and the exit code gates on it;
+* the hybrid examples (sliding window, mamba): what the checks say, with the reason;
+* the launch-command example and the CI snippets (GitHub Actions, GitLab CI, Kubernetes)
+  are executed: their ``npudoctor check`` commands run against a real tree, their exit-code
+  gates are run with every documented code, the step summary is written.
+
+``check`` runs at ``--depth static`` (the ``cli`` fixture's default): the live probes have
+tests of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLES, RELEASES, REPO, TRUTH, result_of
+
+CI = EXAMPLES / "ci"
+DEPLOYMENTS = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+SYNTHETIC = sorted(TRUTH.get("synthetic", {}))
+STATES = [*RELEASES, *SYNTHETIC]
+STATUS_OF = {"present": "fail", "absent": "pass"}  # a truth's verdict -> the check's status
+EXIT_CODES = {0, 1, 2, 3, 4}  # README "Exit codes"
+VENV_BIN = Path(sys.executable).parent
+
+
+def truth(state: str, check_id: str) -> str:
+    section = TRUTH["synthetic"] if state in SYNTHETIC else TRUTH["releases"]
+    return section[state][check_id]["verdict"]
+
+
+def check_json(cli, tree: Path, *args: str) -> tuple[int, dict]:
+    code, out, err = cli("check", "--format", "json", "--sglang-path", tree, *args)
+    assert code in (0, 1), f"npudoctor check {' '.join(map(str, args))} exited {code}: {err}"
+    return code, json.loads(out)
+
+
+def run_example(cli, subject, example: str, state: str, *args: str) -> tuple[int, dict]:
+    return check_json(cli, subject(state), "--config", EXAMPLES / example, *args)
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {r["id"]: r["status"] for r in report["results"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Every deployment loads, on every state
+
+
+def test_every_example_is_documented():
+    readme = (EXAMPLES / "README.md").read_text()
+    shipped = DEPLOYMENTS + ["launch-command.sh"] + [f"ci/{p.name}" for p in sorted(CI.iterdir())]
+    assert len(DEPLOYMENTS) >= 6
+    for name in shipped:
+        assert f"`{name}`" in readme, f"examples/README.md does not list {name}"
+
+
+@pytest.mark.parametrize("example", DEPLOYMENTS)
+def test_model_config_is_plain_json_without_weights(example):
+    spec = yaml.safe_load((EXAMPLES / example).read_text())["model"]
+    config = EXAMPLES / spec["config"]
+    assert config.parent.parent == EXAMPLES / "models"
+    assert sorted(p.name for p in config.parent.iterdir()) == ["config.json"]
+    assert isinstance(json.loads(config.read_text()), dict)
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("example", DEPLOYMENTS)
+def test_example_loads_and_checks_cleanly(cli, subject, example, state):
+    code, report = run_example(cli, subject, example, state)
+    assert report["deployment"]["source"] == f"yaml:{EXAMPLES / example}"
+    assert report["deployment"]["model"] is not None
+    results = statuses(report)
+    assert sorted(results) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert "error" not in results.values(), report["results"]
+    assert code == (1 if "fail" in results.values() else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The defect each example exercises: buggy and fixed state, verdict = known truth
+
+TRUTH_CASES = [
+    # example, check, buggy state, fixed state
+    ("deepseek-v3-pd.yaml", "NPD001", "0.5.12", "0.5.23"),  # MLA pool without offload methods
+    ("deepseek-v3-pd.yaml", "NPD001", "0.5.12", "0.5.13"),  # ... fixed in 0.5.13
+    ("deepseek-v3-pd.yaml", "NPD003", "0.5.11", "0.5.12"),  # prefill PP 2 -> decode PP 1
+    ("deepseek-v3-pd.yaml", "NPD005", "0.5.13", "0.5.15"),  # NPU MLA override lacks mamba_indices
+    ("deepseek-v3.2-pd.yaml", "NPD003", "0.5.11", "0.5.23"),  # indexer buffers, draft layer
+    ("deepseek-v3.2-pd.yaml", "NPD001", "0.5.12", "0.5.13"),
+    ("qwen3-moe-pd-fia.yaml", "NPD002", "0.5.9", "0.5.23"),  # FIA items: one token, not one page
+    ("qwen3-moe-pd-fia.yaml", "NPD005", "0.5.13", "0.5.23"),  # NPU MHA override lacks mamba_indices
+    ("qwen3-cp-prefill.yaml", "NPD004", "0.5.13+cp-gap", "0.5.23"),  # scalar CP fields, chunk(q, 2)
+    ("qwen3-cp-prefill.yaml", "NPD004", "0.5.13+cp-gap", "0.5.13"),  # the same release, fixed method
+    ("qwen3-cp-prefill.yaml", "NPD002", "0.5.9", "0.5.11"),
+]
+
+
+@pytest.mark.parametrize(
+    "example, check_id, buggy, fixed", TRUTH_CASES, ids=[f"{e}-{c}-{b}-{f}" for e, c, b, f in TRUTH_CASES]
+)
+def test_example_verdicts_are_the_known_truths(cli, subject, example, check_id, buggy, fixed):
+    assert (truth(buggy, check_id), truth(fixed, check_id)) == ("present", "absent"), "case list is stale"
+    for state, exit_code in ((buggy, 1), (fixed, 0)):
+        # Only this check: the exit code is its gate (1 = finding, 0 = none at or above --fail-on).
+        code, report = run_example(cli, subject, example, state, "--select", check_id)
+        result = result_of(report, check_id)
+        assert result["status"] == STATUS_OF[truth(state, check_id)], (state, result["summary"])
+        assert code == exit_code, (state, result["summary"])
+        if result["status"] == "fail":
+            # the evidence points into the checked sglang, and names the fix
+            assert any(
+                (e.get("location") or {}).get("path", "").startswith("sglang/srt/")
+                for e in result["evidence"]
+            )
+            assert result["remediation"]["fix_id"] == check_id
+
+
+@pytest.mark.parametrize("example", DEPLOYMENTS)
+def test_no_example_fails_on_the_newest_release(cli, subject, example):
+    """On the newest release every check is absent (known.yaml): no example may fail there."""
+    newest = RELEASES[-1]
+    _, report = run_example(cli, subject, example, newest)
+    for result in report["results"]:
+        assert truth(newest, result["id"]) == "absent"
+        assert result["status"] != "fail", result
+
+
+# ---------------------------------------------------------------------------------------------
+# Hybrid models: sliding window (Llama-4-Scout) and linear attention (Qwen3-Next)
+
+SWA = "llama4-scout-swa-pd.yaml"
+
+
+def test_swa_example_reads_the_text_config(cli, subject):
+    """Llama4's config.json nests the language model under text_config: the facts must come
+    from there (48 layers, 8 KV heads of 128, attention_chunk_size 8192), not from the wrapper."""
+    _, report = run_example(cli, subject, SWA, "0.5.23", "--select", "NPD001")
+    model = report["deployment"]["model"]
+    assert (model["architectures"], model["model_type"]) == (
+        ["Llama4ForConditionalGeneration"],
+        "llama4_text",
+    )
+    assert (model["attention"], model["num_layers"], model["num_heads"]) == ("gqa", 48, 40)
+    assert (model["num_kv_heads"], model["head_dim"], model["sliding_window"]) == (8, 128, 8192)
+    assert model["hybrid_linear_layers"] == 0
+    roles = {r["name"]: r for r in report["deployment"]["roles"]}
+    assert roles["decode"]["disaggregation_mode"] == "decode" and roles["decode"]["pp_size"] == 1
+
+
+def test_swa_example_before_callers_pass_keywords(cli, release):
+    # 0.5.10 (not in known.yaml; read from its source): the scheduler calls
+    # get_cpu_copy(token_indices) without keywords (managers/schedule_batch.py:1230), and the
+    # ascend branch of the model runner builds SWAKVPool over NPUMHATokenToKVPool with
+    # SWATokenToKVPoolAllocator: nothing to bind wrongly -> pass, and the path is named.
+    _, report = check_json(cli, release("0.5.10"), "--config", EXAMPLES / SWA)
+    result = result_of(report, "NPD005")
+    assert result["status"] == "pass", result["summary"]
+    for name in ("SWATokenToKVPoolAllocator", "SWAKVPool", "NPUMHATokenToKVPool"):
+        assert name in result["summary"]
+    # the MHA pool inherits MHATokenToKVPool's offload methods, which read k_buffer/v_buffer
+    assert result_of(report, "NPD001")["status"] == "pass"
+
+
+def test_swa_example_where_the_npu_mha_override_is_narrow(cli, subject):
+    # 0.5.13 (known.yaml: NPD005 present): NPUMHATokenToKVPool.get_cpu_copy(self, indices) has no
+    # mamba_indices, and the paged allocator passes it -> the GQA example fails. On the SWA path the
+    # allocator hands mamba_indices= to SWAKVPool, which accepts it and calls
+    # self.full_kv_pool.get_cpu_copy(indices) / self.swa_kv_pool.get_cpu_copy(...) without it
+    # (mem_cache/swa_memory_pool.py:223-226): the narrow override is built but never handed the
+    # keyword on this deployment's retraction -> warn, not fail. Sliding window is why.
+    assert truth("0.5.13", "NPD005") == "present"
+    code, report = run_example(cli, subject, SWA, "0.5.13", "--select", "NPD005")
+    swa = result_of(report, "NPD005")
+    assert swa["status"] == "warn", swa["summary"]
+    assert code == 0  # a warn is no finding under the default --fail-on fail
+    assert "not on the calls this deployment makes" in swa["summary"]
+    narrow = [
+        e
+        for e in swa["evidence"]
+        if (e.get("location") or {}).get("symbol") == "NPUMHATokenToKVPool.get_cpu_copy"
+    ]
+    assert narrow and "mamba_indices" in narrow[0]["observed"]
+
+    code, report = run_example(cli, subject, "qwen3-moe-pd-fia.yaml", "0.5.13", "--select", "NPD005")
+    assert result_of(report, "NPD005")["status"] == "fail"
+    assert code == 1
+
+
+def test_swa_example_on_the_newest_release_warns_about_a_dropped_keyword(cli, subject):
+    # 0.5.23 (NPD005 absent): every override on the path binds, but SWAKVPool receives
+    # mamba_indices= and does not pass it to NPUMHATokenToKVPool, which accepts it (and ignores it
+    # today). A dropped keyword the next level does not read is a warn by the check's rule, so it
+    # blocks only a --fail-on warn gate.
+    code, report = run_example(cli, subject, SWA, "0.5.23", "--select", "NPD005")
+    result = result_of(report, "NPD005")
+    assert result["status"] == "warn", result["summary"]
+    assert "SWAKVPool" in result["summary"] and "mamba_indices" in result["summary"]
+    assert code == 0
+    code, _ = run_example(cli, subject, SWA, "0.5.23", "--select", "NPD005", "--fail-on", "warn")
+    assert code == 1
+    code, _ = run_example(
+        cli, subject, SWA, "0.5.23", "--select", "NPD005", "--fail-on", "warn", "--ignore", "NPD005"
+    )
+    assert code == 0
+
+
+@pytest.mark.parametrize("state", ["0.5.12", "0.5.23"])
+def test_swa_example_other_checks(cli, subject, state):
+    # NPD001 is present in 0.5.12 for the MLA pool only: this GQA model offloads through the NPU
+    # MHA pool, whose (inherited) offload methods read buffers it builds -> pass. No FIA, no PP,
+    # no CP in this deployment: NPD002/3/4 do not apply.
+    _, report = run_example(cli, subject, SWA, state)
+    assert statuses(report) == {
+        "NPD001": "pass",
+        "NPD002": "skip",
+        "NPD003": "skip",
+        "NPD004": "skip",
+        "NPD005": "warn",
+    }
+
+
+@pytest.mark.parametrize("state, expected", [("0.5.13", "warn"), ("0.5.15", "pass")])
+def test_hybrid_mamba_example(cli, subject, state, expected):
+    # Qwen3-Next decode: NPUPagedTokenToKVPoolAllocator -> HybridLinearKVPool -> NPUMHATokenToKVPool.
+    # 0.5.13: HybridLinearKVPool takes mamba_indices and copies the mamba state itself, calling
+    # self.full_kv_pool.get_cpu_copy(indices) without it, so the narrow NPU MHA override is built but
+    # not reached with the keyword -> warn. 0.5.15: the NPU overrides accept mamba_indices=None and
+    # HybridLinearKVPool consumes the keyword (reads it) -> pass.
+    _, report = run_example(cli, subject, "qwen3-next-decode.yaml", state, "--select", "NPD005")
+    result = result_of(report, "NPD005")
+    assert result["status"] == expected, result["summary"]
+    assert report["deployment"]["model"]["hybrid_linear_layers"] == 36  # 48 layers, full every 4th
+
+
+# ---------------------------------------------------------------------------------------------
+# The deployment given as a launch command
+
+
+def _tool_env(**extra: str) -> dict[str, str]:
+    """The environment of a shell step: npudoctor on PATH, no code-path variables from this host."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("ASCEND_", "SGLANG_", "HCCL_", "PYTORCH_NPU_", "TASK_QUEUE_", "GITHUB_", "NPUDOCTOR_")
+        )
+    }
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    "state, npd002, npd005",
+    [("0.5.9", "fail", "pass"), ("0.5.13", "pass", "fail"), ("0.5.15", "pass", "pass")],
+)
+def test_launch_command_example(subject, tmp_path, state, npd002, npd005):
+    """examples/launch-command.sh runs as a user runs it (from another directory, npudoctor on PATH)."""
+    assert (STATUS_OF[truth(state, "NPD002")], STATUS_OF[truth(state, "NPD005")]) == (npd002, npd005)
+    done = subprocess.run(
+        [
+            "sh",
+            str(EXAMPLES / "launch-command.sh"),
+            "--sglang-path",
+            str(subject(state)),
+            "--depth",
+            "static",
+            "--format",
+            "json",
+        ],
+        cwd=tmp_path,
+        env=_tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == (1 if "fail" in (npd002, npd005) else 0), done.stderr
+    report = json.loads(done.stdout)
+    assert report["deployment"]["source"] == "command"
+    (role,) = report["deployment"]["roles"]
+    assert role["disaggregation_mode"] == "decode" and role["use_fia"] is True  # from the VAR=value prefix
+    assert role["env"] == {"ASCEND_USE_FIA": "1"}
+    assert "--host 0.0.0.0" in role["unknown_args"]  # kept, not rejected
+    assert report["deployment"]["model"]["model_type"] == "qwen3_moe"
+    assert (result_of(report, "NPD002")["status"], result_of(report, "NPD005")["status"]) == (npd002, npd005)
+
+
+# ---------------------------------------------------------------------------------------------
+# CI snippets: parse, run their commands against a real tree, run their exit-code gates
+
+
+@pytest.mark.parametrize("name", ["github-actions.yml", "gitlab-ci.yml", "kubernetes.yaml"])
+def test_ci_snippets_parse(name):
+    documents = list(yaml.safe_load_all((CI / name).read_text()))
+    assert documents and all(isinstance(d, dict) for d in documents)
+    text = (CI / name).read_text()
+    for code in sorted(EXIT_CODES):  # every exit code is commented
+        assert re.search(rf"#\s+{code}\s+\S", text), f"{name}: exit code {code} not explained"
+
+
+def _workspace(tmp_path: Path, tree: Path) -> Path:
+    """What the CI job's working directory holds after checkout and the install step: the repository's
+    examples and the unpacked sglang wheel at ./sglang-tree (a link to the cached release)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "examples").symlink_to(EXAMPLES, target_is_directory=True)
+    (work / "sglang-tree").symlink_to(tree, target_is_directory=True)
+    return work
+
+
+def _bash(script: str, cwd: Path, env: dict[str, str], shell_flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", *shell_flags.split(), "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _npudoctor_commands(script: str) -> list[list[str]]:
+    """The ``npudoctor ...`` command lines of a shell script (continuations joined)."""
+    joined = script.replace("\\\n", " ")
+    return [
+        shlex.split(line.strip().split("||")[0])
+        for line in joined.splitlines()
+        if line.strip().startswith("npudoctor ")
+    ]
+
+
+def _github_job() -> tuple[dict, dict[str, dict]]:
+    workflow = yaml.safe_load((CI / "github-actions.yml").read_text())
+    (job,) = workflow["jobs"].values()
+    return workflow, job
+
+
+def test_github_workflow_shape():
+    workflow, job = _github_job()
+    assert "on" in workflow, "a bare `on:` is the boolean true to YAML 1.1 parsers"
+    assert workflow["permissions"]["checks"] == "write"  # the JUnit publisher creates a check run
+    steps = job["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert 'pip install "$NPUDOCTOR_SPEC"' in runs
+    commands = [c for s in steps for c in _npudoctor_commands(s.get("run", ""))]
+    formats = [c[c.index("--format") + 1] for c in commands]
+    assert sorted(formats) == ["github", "junit"]
+    junit = commands[formats.index("junit")]
+    assert junit[junit.index("-o") + 1] == "npudoctor.xml"
+    publish = next(s for s in steps if "junit" in s.get("uses", ""))
+    assert publish["with"]["report_paths"] == "npudoctor.xml" and publish["if"] == "always()"
+    gate = next(s for s in steps if s.get("id") == "gate")
+    assert gate["if"] == "always()" and "steps.check.outputs.code" in gate["env"]["NPUDOCTOR_EXIT"]
+    # the report and summary steps never fail the job themselves: the gate does, after publishing
+    order = [s.get("id") or s.get("uses", "").split("@")[0] for s in steps]
+    assert order.index("check") < order.index("mikepenz/action-junit-report") < order.index("gate")
+
+
+def _expand_github(value: str, outputs: dict[str, dict[str, str]]) -> str:
+    def step_output(match: re.Match) -> str:
+        return outputs.get(match.group(1), {}).get(match.group(2), "")
+
+    expanded = re.sub(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.([\w-]+)\s*\}\}", step_output, value)
+    assert "${{" not in expanded, f"expression this test cannot evaluate: {value}"
+    return expanded
+
+
+def _run_github_job(tmp_path: Path, tree: Path) -> tuple[dict[str, subprocess.CompletedProcess], Path, dict]:
+    """Run the workflow's shell steps after the install step, as the runner would: bash -eo pipefail,
+    the workflow and step env, $GITHUB_OUTPUT per step, $GITHUB_STEP_SUMMARY per job."""
+    workflow, job = _github_job()
+    work = _workspace(tmp_path, tree)
+    summary = tmp_path / "step_summary.md"
+    outputs: dict[str, dict[str, str]] = {}
+    done: dict[str, subprocess.CompletedProcess] = {}
+    steps = job["steps"]
+    install = next(i for i, s in enumerate(steps) if s.get("id") == "install")
+    for index, step in enumerate(steps[install + 1 :]):
+        if "run" not in step:
+            continue
+        key = step.get("id") or f"step{index}"
+        output_file = tmp_path / f"output-{key}"
+        output_file.write_text("")
+        env = {**workflow.get("env", {}), **job.get("env", {}), **step.get("env", {})}
+        env = {k: _expand_github(str(v), outputs) for k, v in env.items()}
+        env = _tool_env(
+            **env, GITHUB_OUTPUT=str(output_file), GITHUB_STEP_SUMMARY=str(summary), GITHUB_ACTIONS="true"
+        )
+        done[key] = _bash(step["run"], work, env, "-eo pipefail")
+        outputs[key] = dict(
+            line.split("=", 1) for line in output_file.read_text().splitlines() if "=" in line
+        )
+    return done, summary, outputs
+
+
+@pytest.mark.parametrize("state", ["0.5.12", "0.5.23"])
+def test_github_job_runs(subject, tmp_path, state):
+    """The example's deployment (deepseek-v3-pd) on 0.5.12 has NPD001 (known.yaml): the JUnit report
+    and the annotations name it, the summary table lands in $GITHUB_STEP_SUMMARY and the gate fails the
+    job with 1. On 0.5.23 nothing is present: the gate passes."""
+    workflow, _ = _github_job()
+    assert workflow["env"]["NPUDOCTOR_CONFIG"] == "examples/deepseek-v3-pd.yaml"
+    buggy = state == "0.5.12"
+    assert truth(state, "NPD001") == ("present" if buggy else "absent")
+    done, summary, outputs = _run_github_job(tmp_path, subject(state))
+
+    assert done["check"].returncode == 0, done["check"].stderr  # the code is kept, not raised
+    assert outputs["check"]["code"] == ("1" if buggy else "0")
+    junit = ET.parse(tmp_path / "work" / "npudoctor.xml").getroot()
+    cases = {c.get("name").split()[0]: c for c in junit.iter("testcase")}
+    assert sorted(cases) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert (cases["NPD001"].find("failure") is not None) is buggy
+
+    annotate = done["annotate"]
+    assert annotate.returncode == 0, annotate.stderr
+    errors = [line for line in annotate.stdout.splitlines() if line.startswith("::error ")]
+    assert any("NPD001" in line for line in errors) is buggy
+    assert annotate.stdout.splitlines()[-1].startswith(f"npudoctor: sglang {state}")
+    rows = {}  # the Markdown table appended to $GITHUB_STEP_SUMMARY: | **ID** title | STATUS | summary |
+    for line in summary.read_text().splitlines():
+        match = re.match(r"\| \*\*(NPD\d+)\*\* [^|]* \| (\w+) \|", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    assert sorted(rows) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert rows["NPD001"] == ("FAIL" if buggy else "PASS")
+
+    assert done["gate"].returncode == (1 if buggy else 0), done["gate"].stdout
+    if buggy:
+        assert done["gate"].stdout.startswith("::error title=npudoctor::known sglang defects")
+
+
+def test_github_job_input_error_is_not_a_finding(subject, tmp_path):
+    """A deployment path that does not exist: the check step keeps npudoctor's exit 2, and the gate
+    fails the job with its own message and code 2, not as a finding."""
+    workflow, job = _github_job()
+    work = _workspace(tmp_path, subject("0.5.23"))
+    check = next(s for s in job["steps"] if s.get("id") == "check")
+    output = tmp_path / "output"
+    output.write_text("")
+    env = {**workflow["env"], "NPUDOCTOR_CONFIG": "examples/no-such-deployment.yaml"}
+    done = _bash(check["run"], work, _tool_env(**env, GITHUB_OUTPUT=str(output)), "-eo pipefail")
+    assert done.returncode == 0, done.stderr
+    assert "no-such-deployment.yaml" in done.stderr and "Traceback" not in done.stderr
+    code = dict(line.split("=", 1) for line in output.read_text().splitlines())["code"]
+    assert code == "2"
+    gate = next(s for s in job["steps"] if s.get("id") == "gate")
+    result = _bash(gate["run"], work, _tool_env(NPUDOCTOR_EXIT=code), "-eo pipefail")
+    assert result.returncode == 2 and "usage or input error" in result.stdout
+
+
+@pytest.mark.parametrize("code", sorted(EXIT_CODES) + ["", "130"])
+def test_github_gate_distinguishes_every_exit_code(tmp_path, code):
+    _, job = _github_job()
+    gate = next(s for s in job["steps"] if s.get("id") == "gate")
+    result = _bash(gate["run"], tmp_path, _tool_env(NPUDOCTOR_EXIT=str(code)), "-eo pipefail")
+    expected = {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4}.get(str(code), 1)
+    assert result.returncode == expected, result.stdout
+    messages = {
+        "0": "no finding",
+        "1": "known sglang defects",
+        "2": "usage or input error",
+        "3": "internal error",
+        "4": "no sglang installed",
+    }
+    assert messages.get(str(code), "did not run") in result.stdout
+    if expected:
+        assert result.stdout.startswith("::error ")  # an annotation, not just a log line
+
+
+def _gitlab_job() -> dict:
+    (job,) = yaml.safe_load((CI / "gitlab-ci.yml").read_text()).values()
+    return job
+
+
+def test_gitlab_job_shape():
+    job = _gitlab_job()
+    assert job["artifacts"]["reports"]["junit"] == "npudoctor.xml"
+    assert job["artifacts"]["when"] == "always"  # the report survives the failing gate
+    assert any('pip install "$NPUDOCTOR_SPEC"' in line for line in job["before_script"])
+    (command,) = [c for line in job["script"] for c in _npudoctor_commands(line)]
+    assert command[command.index("--format") + 1] == "junit"
+    assert command[command.index("-o") + 1] == "npudoctor.xml"
+
+
+@pytest.mark.parametrize("state", ["0.5.12", "0.5.23"])
+def test_gitlab_job_runs(subject, tmp_path, state):
+    """The script section (after before_script installed and unpacked) runs as GitLab's bash runner
+    runs it; the job's exit code is npudoctor's, the JUnit report is written either way."""
+    job = _gitlab_job()
+    work = _workspace(tmp_path, subject(state))
+    env = _tool_env(**{k: str(v) for k, v in job["variables"].items()})
+    result = _bash("\n".join(job["script"]), work, env, "-eo pipefail")
+    buggy = truth(state, "NPD001") == "present"
+    assert result.returncode == (1 if buggy else 0), result.stdout + result.stderr
+    assert ("known sglang defects" in result.stdout) is buggy
+    junit = ET.parse(work / "npudoctor.xml").getroot()
+    failed = {c.get("name").split()[0] for c in junit.iter("testcase") if c.find("failure") is not None}
+    assert ("NPD001" in failed) is buggy
+
+
+@pytest.mark.parametrize("code", sorted(EXIT_CODES))
+def test_gitlab_job_ends_with_each_exit_code(tmp_path, code):
+    """Every documented exit code reaches GitLab unchanged, after its own message (npudoctor stubbed)."""
+    job = _gitlab_job()
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "npudoctor").write_text(f"#!/bin/sh\nexit {code}\n")
+    (stub / "npudoctor").chmod(0o755)
+    env = _tool_env(**{k: str(v) for k, v in job["variables"].items()})
+    env["PATH"] = f"{stub}{os.pathsep}{env['PATH']}"
+    result = _bash("\n".join(job["script"]), tmp_path, env, "-eo pipefail")
+    assert result.returncode == code
+    assert result.stdout.startswith("npudoctor: ")
+    assert len({_gitlab_message(job, c) for c in EXIT_CODES}) == len(EXIT_CODES)
+
+
+def _gitlab_message(job: dict, code: int) -> str:
+    match = re.search(rf"^\s*{code}\) echo \"([^\"]+)\"", "\n".join(job["script"]), re.MULTILINE)
+    assert match, f"no message for exit code {code}"
+    return match.group(1)
+
+
+def _k8s() -> tuple[dict, dict]:
+    documents = list(yaml.safe_load_all((CI / "kubernetes.yaml").read_text()))
+    kinds = {d["kind"]: d for d in documents}
+    assert sorted(kinds) == ["ConfigMap", "Deployment"]
+    return kinds["ConfigMap"], kinds["Deployment"]
+
+
+def test_kubernetes_manifest_wiring():
+    config_map, deployment = _k8s()
+    spec = deployment["spec"]["template"]["spec"]
+    assert (
+        deployment["spec"]["selector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    (init,) = spec["initContainers"]
+    (server,) = spec["containers"]
+    assert init["image"] == server["image"], "the check must see the server image's sglang"
+    argv = init["command"] + init["args"]
+    assert argv[:2] == ["npudoctor", "check"]
+    assert argv[argv.index("--fail-on") + 1] == "fail"
+    assert "--sglang-path" not in argv  # the image's installed sglang
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert set(mounts) <= set(volumes)
+    assert volumes["deployment"]["configMap"]["name"] == config_map["metadata"]["name"]
+    config_path = Path(argv[argv.index("--config") + 1])
+    assert str(config_path.parent) == mounts["deployment"] and config_path.name in config_map["data"]
+    # the deployment in the ConfigMap describes the server the pod starts
+    described = yaml.safe_load(config_map["data"][config_path.name])
+    server_args = server["command"] + server["args"]
+    decode = described["roles"]["decode"]["server_args"]
+    assert server_args[:3] == ["python", "-m", "sglang.launch_server"]
+    assert server_args[server_args.index("--disaggregation-mode") + 1] == decode["disaggregation_mode"]
+    assert int(server_args[server_args.index("--tp-size") + 1]) == decode["tp_size"]
+    assert server_args[server_args.index("--model-path") + 1] == described["model"]["path"]
+    assert described["model"]["path"].startswith(mounts["models"] + "/")
+
+
+@pytest.mark.parametrize("state", ["0.5.12", "0.5.23"])
+def test_kubernetes_init_container_runs(cli, subject, tmp_path, state):
+    """The initContainer's exact argv, with the pod's mounts mapped to local directories (the ConfigMap
+    key as a file, the model volume holding DeepSeek-V3's public config.json) and the image's sglang
+    given as --sglang-path: exit 1 (pod blocked) where NPD001 is present for this decode server."""
+    config_map, deployment = _k8s()
+    spec = deployment["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    local = {mounts["deployment"]: tmp_path / "configmap", mounts["models"]: tmp_path / "models"}
+    local[mounts["deployment"]].mkdir()
+    for key, text in config_map["data"].items():
+        (local[mounts["deployment"]] / key).write_text(_relocate(text, local))
+    model_dir = Path(_relocate(yaml.safe_load(config_map["data"]["deployment.yaml"])["model"]["path"], local))
+    model_dir.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "models" / "deepseek-v3" / "config.json", model_dir / "config.json")
+
+    argv = [_relocate(a, local) for a in init["command"] + init["args"]]
+    assert argv[0] == "npudoctor"
+    code, out, err = cli(*argv[1:], "--sglang-path", subject(state), "--format", "json")
+    buggy = truth(state, "NPD001") == "present"
+    assert code == (1 if buggy else 0), err
+    report = json.loads(out)
+    assert result_of(report, "NPD001")["status"] == ("fail" if buggy else "pass")
+    assert {r["name"] for r in report["deployment"]["roles"]} == {"prefill", "decode"}
+
+
+def _relocate(text: str, local: dict[str, Path]) -> str:
+    for mount, directory in local.items():
+        text = text.replace(mount, str(directory))
+    return text
+
+
+def test_snippets_point_at_real_examples():
+    """The deployment the CI snippets check is one of the examples, so the tests above ran it."""
+    workflow, _ = _github_job()
+    for config in (workflow["env"]["NPUDOCTOR_CONFIG"], _gitlab_job()["variables"]["NPUDOCTOR_CONFIG"]):
+        assert (REPO / config).is_file() and config.startswith("examples/")
