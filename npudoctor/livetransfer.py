@@ -31,12 +31,14 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import re
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,15 +55,21 @@ RUNTIME_MODULE = "sglang.srt.runtime_context"
 # exercised with more than one transfer block per buffer.
 PREFILL_PAGES = (0, 1, 3)
 DECODE_PAGES = (2, 3, 1)
-_UNPUBLISHED = re.compile(r"config namespace '\w+' not published")
+# sglang raising because the probe has not published what a scheduler process publishes:
+# the runtime context's config namespaces (0.5.2x), the legacy global server args (<= 0.5.13)
+_UNPUBLISHED = re.compile(r"config namespace '\w+' not published|Global server args is not set yet")
 T = TypeVar("T")
 
 
 def import_transfer_modules() -> None:
-    """The modules the probe calls into: disaggregation utils (which import the managers) and
-    the PP layer partition."""
+    """The modules the probe calls into: disaggregation utils, the PP layer partition, and the
+    ascend KV classes (``get_kv_class`` imports their module on first use; importing it here
+    lets a runtime fix of it be in place, and reported, before the probes run). If that
+    fails, the probe reports it when it asks for the classes."""
     importlib.import_module(UTILS_MODULE)
     importlib.import_module(PP_MODULE)
+    with contextlib.suppress(Exception):
+        kv_classes()
 
 
 class ShimGap(Exception):
@@ -206,6 +214,7 @@ class Side:
     book: AddressBook
     kv_args: Any
     bootstrap_errors: list[BaseException]
+    model: ModelFacts | None = None  # the model the role serves
 
 
 def stage_ranges(num_layers: int, pp_size: int) -> tuple[list[tuple[int, int]], Location | None]:
@@ -257,7 +266,7 @@ def build_side(
         book.register(draft, model.num_layers, draft=True)
     errors: list[BaseException] = []
     kv_args = assemble_kv_args(kv_args_class, main, draft, model, role, stage, errors)
-    return Side([main, draft], book, kv_args, errors)
+    return Side([main, draft], book, kv_args, errors, model)
 
 
 def assemble_kv_args(
@@ -397,7 +406,7 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
             )
 
     try:
-        livepools.in_role(role, lambda: _with_published_server_args(role, send))
+        livepools.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
     except AttributeError as error:
         if getattr(error, "obj", None) in (manager, recorder):
             raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
@@ -446,16 +455,24 @@ def _stage_topology(role: RoleFacts, stage: int) -> Iterator[None]:
         yield
 
 
-def _with_published_server_args(role: RoleFacts, call: Callable[[], T]) -> T:
+def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: ModelFacts | None = None) -> T:
     """Run ``call``; if sglang finds a config namespace unpublished (0.5.23's transfer path
     reads ``get_memory().enable_unified_memory``), publish the role's server arguments as the
-    scheduler process has them, run it again, and restore the runtime context afterwards."""
+    scheduler process has them, run it again, and restore the runtime context afterwards.
+
+    Releases without a runtime context publish them as the legacy global server args
+    (``set_global_server_args_for_scheduler``, which their ``ModelRunner`` calls): code that
+    asks for them there (a runtime fix reading the served model's ``ModelConfig``) gets the
+    role's, with ``model`` as the model config sglang memoises on them."""
     try:
         return call()
     except ValueError as error:
         if not _UNPUBLISHED.search(str(error)):
             raise
-    context = sys.modules[RUNTIME_MODULE].get_context()
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    if runtime is None or not hasattr(runtime, "get_context"):
+        return _with_global_server_args(role, model, call)
+    context = runtime.get_context()
     server_args_class = importlib.import_module("sglang.srt.server_args").ServerArgs
     accepted = inspect.signature(server_args_class).parameters
     given = {k: v for k, v in role.server_args.items() if k in accepted}
@@ -468,6 +485,46 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T]) -> T:
         for part, state in saved:
             for name, value in state.items():
                 setattr(part, name, value)
+
+
+def _with_global_server_args(role: RoleFacts, model: ModelFacts | None, call: Callable[[], T]) -> T:
+    """``call`` with the role's server args published as the legacy global ones, restored after.
+
+    The record is sglang's ``ServerArgs`` with its defaults and the role's arguments, built
+    without ``__post_init__`` (which asks the accelerator and reads the model's files); its
+    ``model_config``, which ``ServerArgs.get_model_config`` memoises, holds the model facts."""
+    module = importlib.import_module("sglang.srt.server_args")
+    server_args_class = module.ServerArgs
+    record = object.__new__(server_args_class)
+    for spec in dataclasses.fields(server_args_class):
+        if spec.default is not dataclasses.MISSING:
+            setattr(record, spec.name, spec.default)
+        elif spec.default_factory is not dataclasses.MISSING:
+            setattr(record, spec.name, spec.default_factory())
+    for name, value in role.server_args.items():
+        if hasattr(record, name):
+            setattr(record, name, value)
+    record.disaggregation_mode = role.disaggregation_mode
+    record.model_path = "npudoctor-live-probe"
+    if model is not None:
+        record.model_config = served_model_config(model)
+    previous = getattr(module, "_global_server_args", None)
+    module.set_global_server_args_for_scheduler(record)
+    try:
+        return call()
+    finally:
+        module._global_server_args = previous
+
+
+def served_model_config(model: ModelFacts) -> Any:
+    """The attributes of sglang's ``ModelConfig`` the probe knows from the model facts."""
+    return types.SimpleNamespace(
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        v_head_dim=model.v_head_dim,
+    )
 
 
 def _context_parts(context: Any) -> list[Any]:

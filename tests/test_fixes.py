@@ -21,6 +21,7 @@ from npudoctor.fix import all_fixes
 SCENARIOS = {
     "NPD001": EXAMPLES / "deepseek-v3.2-pd.yaml",
     "NPD002": EXAMPLES / "qwen3-moe-pd-fia.yaml",
+    "NPD003": EXAMPLES / "deepseek-v3.2-pd.yaml",
     "NPD004": EXAMPLES / "qwen3-cp-prefill.yaml",
     "NPD005": EXAMPLES / "deepseek-v3-pd.yaml",
 }

@@ -1,0 +1,366 @@
+"""NPD003 fix (sglang#23893 ported to 0.5.9-0.5.11) beyond the generic fix tests.
+
+On every release it is written for, NPD003's live probe (the installed Ascend send_kvcache per
+prefill PP stage, real NPU pools on CPU, every recorded address decoded to (layer, kind)) runs
+on MLA and MHA deployments, first as sglang ships, then with the fix in place: every stage's
+buffers map one to one onto the same layer and kind on decode, with and without decode draft
+layers, for even and uneven PP splits and for a decode with the prefill's PP size. The layer
+count the replacement slices by is the served model's (two models whose first stage and decode
+lists have the same sizes are mapped differently, each right). It is needed nowhere from 0.5.12
+on, opt-in (unsafe), refuses a shape it was not written for, and does not claim the MHA
+divisibility sibling of 0.5.12+ (the static depth cannot confirm it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLES, RELEASES, REPO, replace_text, truth_verdict
+
+from npudoctor.fix import fix_by_id
+from npudoctor.target import discover
+
+DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), 61 layers, no draft model
+DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP
+QWEN3 = EXAMPLES / "models" / "qwen3-30b-a3b" / "config.json"  # GQA, 48 layers
+CONN = "sglang/srt/disaggregation/ascend/conn.py"
+# 0.5.10 is not in known.yaml; it ships 0.5.11's ascend/conn.py (asserted below), so it is
+# probed with the releases that truth says carry the defect.
+PRESENT = [v for v in RELEASES if truth_verdict(v, "NPD003") == "present"]
+WRITTEN_FOR = sorted({*PRESENT, "0.5.10"}, key=lambda v: tuple(map(int, v.split("."))))
+ABSENT = [v for v in RELEASES if truth_verdict(v, "NPD003") == "absent"]
+
+# Runs in a fresh interpreter with a release on PYTHONPATH: NPD003's live probe on each
+# deployment, unpatched, then with the fix decided for the first one and enabled.
+PROBE = """
+import json, sys
+from pathlib import Path
+from npudoctor import activation
+from npudoctor.check import all_checks
+from npudoctor.deployment import from_yaml
+from npudoctor.fix import Action, decide, fix_by_id
+from npudoctor.npusim import npu_runtime, simulated_npu
+from npudoctor.target import discover
+
+configs = sys.argv[1:]
+check = next(c for c in all_checks() if c.id == "NPD003")
+fix = fix_by_id("NPD003")
+
+def probes():
+    found = {}
+    for config in configs:
+        with npu_runtime():
+            probe = check.live(discover(), from_yaml(Path(config)).facts)
+        found[config] = {
+            "status": probe.status.value,
+            "summary": probe.summary,
+            "stages": [e.observed for e in probe.evidence if e.observed.startswith("prefill stage")],
+        }
+    return found
+
+with simulated_npu():
+    check.live_imports()
+    report = {"plain": probes()}
+    decision = decide(fix, discover(), from_yaml(Path(configs[0])).facts, allow_unsafe=True)
+    report["decision"] = decision.action.value
+    if decision.action is Action.APPLY:
+        activation.enable({fix.id: decision.shape})
+        report["outcome"] = activation.outcomes().get(fix.id)
+        report["fixed"] = probes()
+print(json.dumps(report))
+"""
+
+
+def deployment(
+    directory: Path, name: str, model: Path, prefill: dict, decode: dict, env: dict | None = None
+) -> Path:
+    """A PD deployment YAML: ascend transfer, prefill PP 2 unless ``prefill`` says otherwise."""
+    roles = {
+        "prefill": {
+            "server_args": {
+                "tp_size": 4,
+                "pp_size": 2,
+                "disaggregation_mode": "prefill",
+                "disaggregation_transfer_backend": "ascend",
+                **prefill,
+            }
+        },
+        "decode": {
+            "server_args": {
+                "tp_size": 4,
+                "disaggregation_mode": "decode",
+                "disaggregation_transfer_backend": "ascend",
+                **decode,
+            }
+        },
+    }
+    if env:
+        roles["prefill"]["env"] = env
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"model": {"config": str(model)}, "roles": roles}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory) -> dict[str, Path]:
+    """The deployments probed on each release, by short name."""
+    directory = tmp_path_factory.mktemp("npd003-fix")
+    eagle = {"speculative_algorithm": "EAGLE3"}
+    uneven = {"SGLANG_PP_LAYER_PARTITION": "20,28"}
+    nextn = {"speculative_algorithm": "NEXTN", "speculative_num_steps": 1}
+    # A DeepSeek-V3 whose first PP 2 stage and decode lists have the sizes of the real one's with
+    # MTP: 60 layers (30 + 30) and 2 MTP layers give 62 decode layers per buffer group, as
+    # 61 + 1 do. Only the served model's layer count tells them apart.
+    config = json.loads((EXAMPLES / "models" / "deepseek-v3" / "config.json").read_text())
+    config.update(num_hidden_layers=60, num_nextn_predict_layers=2)
+    (directory / "ds60").mkdir()
+    (directory / "ds60" / "config.json").write_text(json.dumps(config))
+    ds60 = directory / "ds60" / "config.json"
+    dsv32 = EXAMPLES / "models" / "deepseek-v3.2" / "config.json"
+    return {
+        "deepseek-v3": DEEPSEEK_V3,  # scenario first: decide() runs on it
+        "deepseek-v3.2": DEEPSEEK_V32,
+        "deepseek-v3-mtp": deployment(
+            directory, "deepseek-v3-mtp", EXAMPLES / "models/deepseek-v3/config.json", {}, nextn
+        ),
+        "deepseek-60-mtp2": deployment(directory, "deepseek-60-mtp2", ds60, {}, nextn),
+        "deepseek-v3.2-pp3": deployment(directory, "deepseek-v3.2-pp3", dsv32, {"pp_size": 3}, nextn),
+        "deepseek-v3.2-decode-pp2": deployment(
+            directory, "deepseek-v3.2-decode-pp2", dsv32, {}, {"pp_size": 2, **nextn}
+        ),
+        "qwen3": deployment(directory, "qwen3", QWEN3, {}, {}),
+        "qwen3-eagle": deployment(directory, "qwen3-eagle", QWEN3, {}, eagle),
+        "qwen3-uneven": deployment(directory, "qwen3-uneven", QWEN3, {}, {}, uneven),
+        "qwen3-uneven-eagle": deployment(directory, "qwen3-uneven-eagle", QWEN3, {}, eagle, uneven),
+        "qwen3-decode-pp2-eagle": deployment(
+            directory, "qwen3-decode-pp2-eagle", QWEN3, {}, {"pp_size": 2, **eagle}
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def probed(release, deployments):
+    """``probed(version)`` -> {"plain"/"fixed": {name: result}, ...}, one interpreter per release."""
+    cache: dict[str, dict] = {}
+
+    def run(version: str) -> dict:
+        if version not in cache:
+            tree = release(version)
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p),
+            }
+            done = subprocess.run(
+                [sys.executable, "-c", PROBE, *map(str, deployments.values())],
+                capture_output=True, text=True, env=env, cwd=REPO, timeout=1500,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr[-3000:]
+            raw = json.loads(done.stdout.strip().splitlines()[-1])
+            names = {str(path): name for name, path in deployments.items()}
+            cache[version] = {
+                **raw,
+                **{
+                    key: {names[c]: r for c, r in raw[key].items()}
+                    for key in ("plain", "fixed")
+                    if key in raw
+                },
+            }
+        return cache[version]
+
+    return run
+
+
+def stage_sizes(result: dict) -> list[str]:
+    return [line.split(":")[0] for line in result["stages"]]
+
+
+def test_0510_ships_the_ascend_transfer_code_of_0511(release):
+    assert (release("0.5.10") / CONN).read_bytes() == (release("0.5.11") / CONN).read_bytes()
+    fix = fix_by_id("NPD003")
+    assert fix.known_release(fix.shape_of_source(discover(release("0.5.10")).tree)) == "0.5.10"
+
+
+@pytest.mark.parametrize("version", WRITTEN_FOR)
+def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
+    """MLA (K, V), MLA + indexer, MHA; even and uneven splits; no draft, MTP/EAGLE3 draft on a
+    decode of PP 1 or of the prefill's PP size: unpatched, the examples and the uneven MHA splits
+    write into other layers or kinds; with the fix, every stage's buffers land one to one."""
+    report = probed(version)
+    assert report["decision"] == "apply" and report["outcome"] == "applied", report.get("decision")
+    plain, fixed = report["plain"], report["fixed"]
+    for name in ("deepseek-v3", "deepseek-v3.2", "deepseek-v3-mtp", "deepseek-v3.2-pp3", "qwen3-uneven",
+                 "qwen3-uneven-eagle"):  # fmt: skip
+        assert plain[name]["status"] == "fail", (name, plain[name]["summary"])
+        assert "pairs wrong" in " ".join(plain[name]["stages"]) or "raised" in plain[name]["summary"], name
+    for name, result in fixed.items():
+        assert result["status"] == "pass", (name, result["summary"], result["stages"])
+        assert result["stages"] and all(
+            " pairs right, one decode buffer each " in s for s in result["stages"]
+        ), name
+        assert stage_sizes(result) == stage_sizes(plain[name]), name  # the same stages, judged again
+    if version == "0.5.9":  # no PP handling at all: even the even MHA split is wrong unpatched
+        assert plain["qwen3"]["status"] == "fail" and "V0 -> K24" in plain["qwen3"]["stages"][0]
+
+
+@pytest.mark.parametrize("version", WRITTEN_FOR)
+def test_pairs_per_stage_with_the_fix(probed, version):
+    """The exact pairs of the first and last buffers of each stage (the probe quotes them)."""
+    fixed = probed(version)["fixed"]
+    v3, v32, qwen = (
+        fixed["deepseek-v3"]["stages"],
+        fixed["deepseek-v3.2"]["stages"],
+        fixed["qwen3-uneven-eagle"]["stages"],
+    )
+    assert (
+        v3[0].startswith("prefill stage 0 (layers 0-29): 60 of 60 pairs right")
+        and "(K0 -> K0 ... V29 -> V29)" in v3[0]
+    )
+    assert (
+        v3[1].startswith("prefill stage 1 (layers 30-60): 62 of 62 pairs right")
+        and "(K30 -> K30 ... V60 -> V60)" in v3[1]
+    )
+    assert "90 of 90 pairs right" in v32[0] and "(K30 -> K30 ... IK60 -> IK60)" in v32[1]
+    assert (
+        qwen[0].startswith("prefill stage 0 (layers 0-19): 40 of 40 pairs right") and "V19 -> V19" in qwen[0]
+    )
+    assert (
+        qwen[1].startswith("prefill stage 1 (layers 20-47): 56 of 56 pairs right") and "V47 -> V47" in qwen[1]
+    )
+    pp3 = fixed["deepseek-v3.2-pp3"]["stages"]
+    assert [s.split(":")[0] for s in pp3] == [
+        "prefill stage 0 (layers 0-19)", "prefill stage 1 (layers 20-39)", "prefill stage 2 (layers 40-60)",
+    ]  # fmt: skip
+
+
+def test_the_decode_layer_count_is_the_served_models(probed):
+    """Same pointer counts, different models: stage 0 holds 30 layers (60 pointers) and decode 62
+    layers per group (124 pointers) in both, 61 + 1 MTP layer or 60 + 2. 0.5.11's splitter sees
+    only the counts, so it maps both the same way: right for 60 + 2 (its divisibility guess lands
+    on 60), V0 into the wrong buffer for 61 + 1. The fix reads each served model's layer count
+    and maps both right."""
+    report = probed("0.5.11")
+    plain, fixed = report["plain"], report["fixed"]
+    for name in ("deepseek-v3-mtp", "deepseek-60-mtp2"):
+        assert plain[name]["stages"][0].startswith("prefill stage 0 (layers 0-29): ")
+        first = fixed[name]["stages"][0]
+        assert first.startswith("prefill stage 0 (layers 0-29): 60 of 60 pairs right"), first
+        assert fixed[name]["status"] == "pass"
+    assert (
+        plain["deepseek-v3-mtp"]["status"] == "fail" and "V0 -> K60" in plain["deepseek-v3-mtp"]["stages"][0]
+    )
+    assert plain["deepseek-60-mtp2"]["status"] == "pass"
+    assert fixed["deepseek-60-mtp2"]["stages"][1].startswith(
+        "prefill stage 1 (layers 30-59): 60 of 60 pairs right"
+    )
+
+
+@pytest.mark.parametrize("version", ABSENT)
+def test_not_needed_where_the_check_passes(cli, release, version):
+    for config in (DEEPSEEK_V3, DEEPSEEK_V32):
+        code, out, err = cli(
+            "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", release(version),
+            "--config", config,
+        )  # fmt: skip
+        assert code == 0, err
+        (entry,) = json.loads(out)["plan"]
+        assert entry["action"] == "not needed" and entry["reason"].startswith("NPD003 pass"), (config, entry)
+
+
+def test_unsafe_needs_the_opt_in(cli, release):
+    def plan(*extra: str) -> dict:
+        code, out, err = cli(
+            "fix", "--format", "json", *extra, "--select", "NPD003", "--sglang-path", release("0.5.11"),
+            "--config", DEEPSEEK_V3,
+        )  # fmt: skip
+        assert code == 0, err
+        (entry,) = json.loads(out)["plan"]
+        return entry
+
+    refused, accepted = plan(), plan("--unsafe")
+    assert refused["action"] == "refused" and "--unsafe" in refused["reason"], refused
+    assert accepted["action"] == "apply" and accepted["reason"].startswith("NPD003 fails here"), accepted
+
+
+def test_another_shape_is_refused_with_the_sites_that_differ(cli, release, overlay):
+    """0.5.11 with another PP layer partition: the defect is still there (static fail), but the
+    replacement relies on get_pp_indices; the plan refuses and names it, and only it."""
+    tree = overlay(release("0.5.11"))
+    replace_text(
+        tree / "sglang/srt/distributed/utils.py",
+        "base_layers = num_hidden_layers // pp_size",
+        "base_layers = max(1, num_hidden_layers // pp_size)",
+    )
+    code, out, err = cli(
+        "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", tree, "--config", DEEPSEEK_V3,
+    )  # fmt: skip
+    assert code == 0, err
+    (entry,) = json.loads(out)["plan"]
+    reason = entry["reason"]
+    assert entry["action"] == "refused" and "not a shape this fix was written for" in reason, entry
+    assert "sglang.srt.distributed.utils:get_pp_indices (" in reason
+    assert "send_kvcache (" not in reason and "get_global_server_args (" not in reason
+
+
+def test_the_mha_divisibility_sibling_of_later_releases_is_not_claimed(cli, release, tmp_path):
+    """0.5.12+ slice MLA per group; their MHA splitter still guesses decode's draft layers from
+    layer-count divisibility (the live probe fails an uneven split, see test_live_npd003). The
+    static depth cannot tell, so the fix is not planned there: refused, nothing patched."""
+    config = deployment(
+        tmp_path, "qwen3-uneven-eagle", QWEN3, {}, {"speculative_algorithm": "EAGLE3"},
+        {"SGLANG_PP_LAYER_PARTITION": "20,28"},
+    )  # fmt: skip
+    code, out, err = cli(
+        "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", release("0.5.23"),
+        "--config", config,
+    )  # fmt: skip
+    assert code == 0, err
+    (entry,) = json.loads(out)["plan"]
+    assert entry["action"] == "refused" and "could not confirm the defect (warn" in entry["reason"], entry
+
+
+# Runs with 0.5.11 on PYTHONPATH: the replacement's own refusals, on a stand-in manager.
+REFUSALS = """
+import json, sys
+from types import SimpleNamespace
+from npudoctor.npusim import simulated_npu
+with simulated_npu():
+    import sglang.srt.disaggregation.utils, sglang.srt.distributed.utils, sglang.srt.server_args as sa
+    from npudoctor.fixes import npd003_pp_transfer_map as fix
+    sa.set_global_server_args_for_scheduler(SimpleNamespace(get_model_config=lambda: SimpleNamespace(num_hidden_layers=61)))
+    def stage(rank, start, ptrs):
+        return SimpleNamespace(pp_rank=rank, pp_size=2, kv_args=SimpleNamespace(prefill_start_layer=start))
+    found = {}
+    cases = {
+        "mapped": (stage(1, 30, None), list(range(93)), list(range(186))),
+        "wrong start": (stage(1, 31, None), list(range(93)), list(range(186))),
+        "partial group": (stage(0, 0, None), list(range(89)), list(range(186))),
+        "short decode": (stage(0, 0, None), list(range(90)), list(range(87))),
+    }
+    for name, (manager, src, dst) in cases.items():
+        try:
+            found[name] = fix.stage_destinations(manager, src, dst)
+        except fix.TransferMapError as error:
+            found[name] = "refused: " + str(error)
+print(json.dumps(found))
+"""
+
+
+def test_the_replacement_refuses_lists_it_cannot_map(release):
+    """Pointer counts that are not whole buffer groups of the stage's layers, or a stage start the
+    partition does not give, raise instead of guessing; a consistent one maps group by group."""
+    env = {**os.environ, "PYTHONPATH": str(release("0.5.11"))}
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSALS], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    # stage 1 of 61 layers (30-60) in 3 groups; decode 62 per group (61 + 1 draft)
+    assert found["mapped"] == [g * 61 + layer for g in range(3) for layer in range(30, 61)]
+    assert found["wrong start"].startswith("refused: PP rank 1 of 2 starts at layer 30 of 61")
+    assert "not whole buffer groups of its 30 layers" in found["partial group"]
+    assert found["short decode"].startswith("refused: decode registers 87 KV pointers")
