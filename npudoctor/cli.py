@@ -6,7 +6,9 @@ so ``npudoctor check --format json | jq`` always sees clean JSON.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import os
 import shutil
 import sys
@@ -180,14 +182,17 @@ def _emit(report, format_name: str, output: Path | None) -> None:
             sys.stdout.write(text)
         else:
             try:
-                output.write_text(text, encoding="utf-8")
+                output.write_text(text, encoding="utf-8", errors="backslashreplace")
             except OSError as error:
                 raise InputError(f"--output {output}: cannot write ({error.strerror})") from None
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if format_name == "github" and summary_path:
         from npudoctor.formatters.github import write_step_summary
 
-        write_step_summary(report, summary_path)
+        try:
+            write_step_summary(report, summary_path)
+        except OSError as error:
+            raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
 
 
 @app.command(
@@ -478,6 +483,7 @@ def _root(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: map errors to the documented exit codes, one line each, never a traceback."""
+    _tolerant_streams()
     try:
         code = app(args=argv, prog_name="npudoctor", standalone_mode=False)
     except typer.Exit as done:
@@ -498,6 +504,15 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"internal error: {type(error).__name__}: {error} (NPUDOCTOR_DEBUG=1 shows the traceback)")
         return int(ExitCode.INTERNAL)
     return int(code) if isinstance(code, int) else int(ExitCode.OK)
+
+
+def _tolerant_streams() -> None:
+    """Text npudoctor prints can hold what the console cannot encode: a lone surrogate from a YAML
+    escape ("\\ud800") or from a non-UTF-8 file name, a character outside a legacy locale's charset.
+    Such a character is written as a backslash escape rather than ending the run with an error."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _say(message: str) -> None:

@@ -130,12 +130,14 @@ def model_from_config_file(path: Path) -> ModelFacts:
     if not path.is_file():
         raise InputError(f"{path}: no such model config file")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:
             config = json.load(handle)
     except json.JSONDecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read ({error})") from None
+    except (ValueError, RecursionError) as error:  # a number too long to convert, nesting too deep
+        raise InputError(f"{path}: not a model config npudoctor can read ({_first_line(error)})") from None
     return ModelFacts.from_hf_config(config, str(path))
 
 
@@ -177,6 +179,15 @@ def _load_yaml(path: Path) -> Any:
         raise InputError(f"{path}: invalid YAML{where}: {problem}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: cannot read ({error})") from None
+    except (ValueError, OverflowError, RecursionError) as error:
+        # what safe_load's constructors raise beside YAMLError: a date like 2026-13-45, a number too
+        # long to convert, nesting deeper than the parser recurses
+        raise InputError(f"{path}: invalid YAML: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
 def _env_mapping(value: Any, where: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ internal error (exit 3).
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -33,3 +34,15 @@ class NoTargetError(NpudoctorError):
     """No sglang to check."""
 
     exit_code = ExitCode.NOTHING_TO_CHECK
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to one short line, for error messages that echo the user's input
+    (a huge integer has no repr in Python 3.11+, a deeply nested list may not either)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

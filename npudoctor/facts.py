@@ -8,14 +8,24 @@ ways of describing a deployment (YAML, launch command, flags) cannot disagree.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, short_repr
 
 # sglang's own default on Ascend (hardware_backend/npu/utils.py set_default_server_args).
 NPU_DEFAULT_PAGE_SIZE = 128
+
+# The largest count or size a deployment may state: sglang and the NPU kernels take these as
+# 32-bit integers; anything larger is a typo, and would only make the probes loop or overflow.
+MAX_INT = 2**31 - 1
+# Server arguments are kept (and reported) as JSON data: how deep a value may nest.
+_MAX_NESTING = 32
+_DIGITS = re.compile(r"[0-9]+")
 
 # Speculative algorithms whose draft model adds KV layers to the target's pool.
 _DRAFT_LAYER_ALGORITHMS = {"EAGLE", "EAGLE3", "NEXTN", "MTP", "STANDALONE"}
@@ -65,6 +75,10 @@ class ModelFacts:
         num_kv_heads = _optional_int(text, "num_key_value_heads", source) or num_heads
         hidden = _optional_int(text, "hidden_size", source)
         head_dim = _optional_int(text, "head_dim", source) or (hidden // num_heads if hidden else None)
+        if head_dim == 0:
+            raise InputError(
+                f"{source}: hidden_size {hidden} / num_attention_heads {num_heads} gives a head size of 0"
+            )
         kv_lora_rank = _optional_int(text, "kv_lora_rank", source)
         index_head_dim = _optional_int(text, "index_head_dim", source)
         index_n_heads = _optional_int(text, "index_n_heads", source)
@@ -84,8 +98,8 @@ class ModelFacts:
 
         return cls(
             source=source,
-            model_type=text.get("model_type"),
-            architectures=tuple(str(a) for a in config.get("architectures") or ()),
+            model_type=_optional_text(text, "model_type", source),
+            architectures=_architectures(config.get("architectures"), source),
             attention=kind,
             num_layers=num_layers,
             num_heads=num_heads,
@@ -158,7 +172,7 @@ class Facts:
         return next((r for r in self.roles if r.disaggregation_mode == mode), None)
 
     def to_dict(self) -> dict[str, Any]:
-        from npudoctor.redact import redact_env
+        from npudoctor.redact import redact_argv, redact_data, redact_env
 
         data: dict[str, Any] = {"source": self.source, "described": self.described}
         data["model"] = asdict(self.model) if self.model else None
@@ -168,6 +182,8 @@ class Facts:
         for role in self.roles:
             entry = asdict(role)
             entry["env"] = redact_env(role.env)
+            entry["server_args"] = redact_data(role.server_args)
+            entry["unknown_args"] = redact_argv(role.unknown_args)
             data["roles"].append(entry)
         return data
 
@@ -185,6 +201,7 @@ def role_facts(
 ) -> RoleFacts:
     """Facts for one role from sglang ServerArgs field names and its environment."""
     where = where or f"role {name}"
+    server_args = plain_data(server_args, where)
     mode = str(server_args.get("disaggregation_mode") or "null")
     if mode not in ("null", "prefill", "decode"):
         raise InputError(f"{where}: disaggregation_mode must be null, prefill or decode, got {mode!r}")
@@ -197,12 +214,13 @@ def role_facts(
         value = server_args.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
-            raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
-        number = int(value)
-        if number < 1:
-            raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
-        return number
+        text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
+        if not _DIGITS.fullmatch(text) or len(text) > 10 or not 1 <= int(text) <= MAX_INT:
+            raise InputError(
+                f"{where}: {key} must be a positive integer up to {MAX_INT}, got {short_repr(value)}"
+            )
+        return int(text)
 
     algorithm = server_args.get("speculative_algorithm")
     algorithm = str(algorithm).upper() if algorithm else None
@@ -214,11 +232,18 @@ def role_facts(
         or server_args.get("attention_backend")
         or "ascend"
     )
+    pp_size = integer("pp_size", 1)
+    if model is not None and pp_size > model.num_layers:
+        raise InputError(
+            f"{where}: pp_size {pp_size} exceeds the model's {model.num_layers} layers "
+            "(every pipeline stage holds at least one layer)"
+        )
+    transfer_backend = server_args.get("disaggregation_transfer_backend")
     return RoleFacts(
         name=name,
         disaggregation_mode=mode,
         tp_size=integer("tp_size", 1),
-        pp_size=integer("pp_size", 1),
+        pp_size=pp_size,
         dp_size=integer("dp_size", 1),
         attn_cp_size=integer("attn_cp_size", 1),
         prefill_context_parallel=any(
@@ -235,7 +260,7 @@ def role_facts(
         use_fia=_truthy(env.get("ASCEND_USE_FIA", "false")),
         speculative_algorithm=algorithm,
         draft_layers=draft_layers,
-        transfer_backend=server_args.get("disaggregation_transfer_backend"),
+        transfer_backend=None if transfer_backend is None else str(transfer_backend),
         env=dict(env),
         server_args=dict(server_args),
         unknown_args=tuple(unknown_args),
@@ -249,13 +274,75 @@ def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1")
 
 
+def plain_data(value: Any, where: str) -> Any:
+    """``value`` (server arguments) as the JSON data a report holds, or ``InputError`` naming what
+    no launch command could pass: a YAML alias cycle, binary data, a set, a non-finite number, an
+    integer out of 64-bit range, nesting deeper than any ServerArgs field. YAML dates become text
+    (sglang's parser would get them as text)."""
+    active: set[int] = set()
+
+    def convert(item: Any, path: str, depth: int) -> Any:
+        if item is None or isinstance(item, (bool, str)):
+            return item
+        if isinstance(item, int):
+            if not -(2**63) <= item < 2**63:
+                raise InputError(f"{where}: {path} is out of range (a 64-bit integer at most)")
+            return item
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InputError(f"{where}: {path} must be a finite number, got {item!r}")
+            return item
+        if isinstance(item, (dt.date, dt.time)):
+            return item.isoformat()
+        if not isinstance(item, (dict, list, tuple)):
+            raise InputError(f"{where}: {path}: a {type(item).__name__} is not a server argument value")
+        if depth >= _MAX_NESTING:
+            raise InputError(f"{where}: {path} nests deeper than {_MAX_NESTING} levels")
+        if id(item) in active:
+            raise InputError(f"{where}: {path} refers to itself (a YAML alias cycle)")
+        active.add(id(item))
+        try:
+            if isinstance(item, dict):
+                converted = {}
+                for key, sub in item.items():
+                    if not isinstance(key, (str, int, float, bool, dt.date)) and key is not None:
+                        raise InputError(f"{where}: {path}: a {type(key).__name__} is not a field name")
+                    name = key.isoformat() if isinstance(key, dt.date) else str(key)
+                    converted[name] = convert(sub, f"{path}.{name}" if path else name, depth + 1)
+                return converted
+            return [convert(sub, f"{path}[{index}]", depth + 1) for index, sub in enumerate(item)]
+        finally:
+            active.discard(id(item))
+
+    return convert(value, "server_args", 0)
+
+
 def _optional_int(config: dict[str, Any], key: str, source: str) -> int | None:
     value = config.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{source}: {key} must be an integer, got {value!r}")
+        raise InputError(f"{source}: {key} must be an integer, got {short_repr(value)}")
+    if not 0 <= value <= MAX_INT:
+        raise InputError(f"{source}: {key} must be between 0 and {MAX_INT}, got {short_repr(value)}")
     return value
+
+
+def _optional_text(config: dict[str, Any], key: str, source: str) -> str | None:
+    value = config.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{source}: {key} must be text, got {short_repr(value)}")
+    return value
+
+
+def _architectures(value: Any, source: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise InputError(f"{source}: architectures must be a list of class names, got {short_repr(value)}")
+    return tuple(value)
 
 
 def _require_int(config: dict[str, Any], key: str, source: str) -> int:

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any
 
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, short_repr
 from npudoctor.results import Depth, Remediation, Result, Status
 
 
@@ -28,9 +28,9 @@ class Ignore:
 
 
 def parse_cli(spec: str) -> Ignore:
-    check_id, _, until = spec.partition(":")
+    check_id, dated, until = spec.partition(":")
     origin = f"--ignore {spec}"
-    return Ignore(check_id.strip().upper(), _date(until, origin) if until else None, "", origin)
+    return Ignore(check_id.strip().upper(), _date(until, origin) if dated else None, "", origin)
 
 
 def parse_yaml(entries: Any, where: str) -> list[Ignore]:
@@ -53,7 +53,13 @@ def parse_yaml(entries: Any, where: str) -> list[Ignore]:
         if not isinstance(reason, str):
             raise InputError(f"{origin}.reason: must be text")
         parsed.append(
-            Ignore(entry["id"].strip().upper(), _date(until, origin) if until else None, reason, origin)
+            # only an absent or null ``until`` means "no expiry": 0, false or "" are bad dates
+            Ignore(
+                entry["id"].strip().upper(),
+                _date(until, origin) if until is not None else None,
+                reason,
+                origin,
+            )
         )
     return parsed
 
@@ -105,4 +111,4 @@ def _date(value: Any, origin: str) -> dt.date:
     try:
         return dt.date.fromisoformat(str(value).strip())
     except ValueError:
-        raise InputError(f"{origin}: expiry {value!r} is not a date (YYYY-MM-DD)") from None
+        raise InputError(f"{origin}: expiry {short_repr(value)} is not a date (YYYY-MM-DD)") from None

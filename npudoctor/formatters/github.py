@@ -77,7 +77,7 @@ def _summary(report: Report) -> str:
 
 def write_step_summary(report: Report, path: str | os.PathLike[str]) -> None:
     """Append ``markdown.table(report)`` to ``path`` (the CLI passes ``$GITHUB_STEP_SUMMARY``)."""
-    with open(path, "a", encoding="utf-8") as handle:
+    with open(path, "a", encoding="utf-8", errors="backslashreplace") as handle:
         if handle.tell() > 0:
             handle.write("\n")
         handle.write(markdown.table(report))

@@ -1,0 +1,447 @@
+"""Fuzzing every input of ``npudoctor check``: whatever a user writes ends in a report (exit 0/1)
+or in exit 2 with ONE line on stderr starting ``npudoctor: error:``; never a traceback, never
+exit 3 (an internal error), never output a console cannot take.
+
+Inputs: the deployment YAML (structure and values, YAML-only constructs such as anchors, aliases
+and tags), the model's config.json (missing, mistyped, negative, zero, bool, huge values;
+``text_config`` wrappers), launch command lines after ``--`` (env prefixes, launchers, flags,
+``=`` forms, quotes, unicode) and ignore entries (``--ignore`` specs and YAML ``ignore:`` lists).
+
+Static depth only, on a real release. The tree is parsed once per module (``discover`` hands
+out one ``Target``, so its parsed files are reused): each example then costs what the checks
+cost, ~0.1 s. The number of examples per test is bounded (``EXAMPLES``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLES as EXAMPLE_DIR
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import npudoctor.runner
+from npudoctor.cli import main
+from npudoctor.target import discover
+
+# bounded so the suite stays fast; NPUDOCTOR_FUZZ_EXAMPLES=5000 for a deeper local run
+EXAMPLES = int(os.environ.get("NPUDOCTOR_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
+CHECK_IDS = ("NPD001", "NPD002", "NPD003", "NPD004", "NPD005")
+MODEL_DIR = EXAMPLE_DIR / "models" / "deepseek-v3"
+
+
+@pytest.fixture(scope="module")
+def tree(release):
+    """The 0.5.12 release, parsed once for the module: ``discover`` returns one shared ``Target``."""
+    path = release("0.5.12")
+    shared = discover(path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(npudoctor.runner, "discover", lambda sglang_path=None: shared)
+        yield path
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("fuzz")
+    (directory / "ok.json").write_text((MODEL_DIR / "config.json").read_text())
+    return directory
+
+
+def invoke(*argv: str) -> tuple[int, bytes, str]:
+    """Run the CLI in-process with strict UTF-8 streams (what a CI console is); check the contract."""
+    out_bytes, err_bytes = io.BytesIO(), io.BytesIO()
+    out = io.TextIOWrapper(out_bytes, encoding="utf-8", write_through=True)
+    err = io.TextIOWrapper(err_bytes, encoding="utf-8", write_through=True)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    stdout, stderr = out_bytes.getvalue(), err_bytes.getvalue().decode("utf-8")
+    assert "Traceback" not in stderr, stderr
+    assert code in (0, 1, 2), f"exit {code}: {stderr}"
+    if code == 2:
+        assert stderr.startswith("npudoctor: error:") and stderr.count("\n") == 1, stderr
+    else:
+        stdout.decode("utf-8")  # the report is text a console takes
+    return code, stdout, stderr
+
+
+def check(tree: Path, fmt: str, *argv: str) -> tuple[int, bytes, str]:
+    code, out, err = invoke("check", "--depth", "static", "--sglang-path", tree, "--format", fmt, *argv)
+    event(f"exit {code}")
+    if code in (0, 1):
+        _well_formed(fmt, out)
+    return code, out, err
+
+
+def _well_formed(fmt: str, out: bytes) -> None:
+    if fmt in ("json", "sarif"):
+
+        def no_constants(name):
+            raise AssertionError(f"{name} is not JSON")
+
+        json.loads(out, parse_constant=no_constants)
+    elif fmt == "junit":
+        ET.fromstring(out)
+
+
+# -- values -------------------------------------------------------------------------------------
+
+# text a user may type, unicode and controls included (lone surrogates come through YAML escapes)
+texts = st.text(max_size=12) | st.sampled_from(
+    ["", " ", "decode", "prefill", "null", "²", "٣", "1e3", "0x10"]
+)
+huge = st.integers(min_value=2**31, max_value=10**40) | st.integers(max_value=-1, min_value=-(10**40))
+ints = st.integers(min_value=-3, max_value=300) | huge | st.sampled_from([0, 1, 2, 4, 61, 128, 2**31 - 1])
+scalars = (
+    st.none()
+    | st.booleans()
+    | ints
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | texts
+    | st.dates()
+    | st.datetimes()
+)
+garbage = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts | ints, inner, max_size=3),
+    max_leaves=8,
+)
+SERVER_FIELDS = [
+    "tp_size", "pp_size", "dp_size", "attn_cp_size", "page_size", "disaggregation_mode",
+    "disaggregation_transfer_backend", "kv_cache_dtype", "attention_backend",
+    "prefill_attention_backend", "decode_attention_backend", "speculative_algorithm",
+    "enable_prefill_context_parallel", "enable_prefill_cp", "enable_dp_attention", "model_path",
+]  # fmt: skip
+plausible = st.sampled_from([1, 2, 4, 8, 16, "2", "decode", "prefill", "null", "ascend", "EAGLE", True])
+server_args = st.dictionaries(st.sampled_from(SERVER_FIELDS) | texts, plausible | garbage, max_size=5)
+FLAGS = [
+    "--tp-size", "--tp", "--pp-size", "--pipeline-parallel-size", "--dp-size", "--attn-cp-size",
+    "--page-size", "--disaggregation-mode", "--disaggregation-transfer-backend", "--kv-cache-dtype",
+    "--attention-backend", "--speculative-algorithm", "--speculative-num-steps",
+    "--enable-prefill-context-parallel", "--enable-dp-attention", "--trust-remote-code",
+    "--cuda-graph-bs", "--api-key", "--model-path", "--",
+]  # fmt: skip
+words = (
+    st.sampled_from(["1", "2", "16", "0", "-1", "two", "²", "1" * 30, "decode", "prefill", "x y", '"', "'"])
+    | texts
+)
+HF_FIELDS = [
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+    "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim",
+    "index_n_heads", "sliding_window", "attention_chunk_size", "use_sliding_window", "layer_types",
+    "full_attention_interval", "num_nextn_predict_layers", "mtp_num_hidden_layers", "model_type",
+    "architectures",
+]  # fmt: skip
+hf_plausible = st.sampled_from([0, 1, 2, 4, 8, 64, 128, 512, 7168, -1, True, False, None])
+hf_values = hf_plausible | hf_plausible | hf_plausible | garbage
+hf_config = st.dictionaries(st.sampled_from(HF_FIELDS) | texts, hf_values, max_size=12)
+hf_overrides = st.dictionaries(st.sampled_from(HF_FIELDS), hf_values, max_size=3)
+# a real config with some fields replaced, dropped, or wrapped in text_config
+real_config = json.loads((MODEL_DIR / "config.json").read_text())
+
+
+@st.composite
+def model_configs(draw) -> dict:
+    base = copy.deepcopy(real_config) if draw(st.booleans()) else {}
+    for key in draw(st.lists(st.sampled_from(HF_FIELDS), max_size=4)):
+        base.pop(key, None)
+    base.update(draw(hf_overrides if base else hf_config))
+    if draw(st.booleans()):
+        base = {"architectures": ["Llama4ForConditionalGeneration"], "text_config": base}
+        if draw(st.booleans()):
+            base["text_config"] = draw(garbage)
+    return base
+
+
+dates = st.dates().map(str) | texts | ints | st.sampled_from(["2026-13-45", "2999-12-31", "20200101", ""])
+ignore_entries = st.lists(
+    st.fixed_dictionaries(
+        {"id": st.sampled_from(CHECK_IDS) | st.sampled_from(["npd001", " NPD002 ", "NPD999", ""]) | garbage},
+        optional={"until": dates | st.dates() | garbage, "reason": texts | garbage, "extra": garbage},
+    )
+    | st.sampled_from(CHECK_IDS)
+    | garbage,
+    max_size=3,
+)
+roles = st.dictionaries(
+    st.sampled_from(["prefill", "decode", "server", "x"]) | texts,
+    st.none()
+    | st.fixed_dictionaries(
+        {},
+        optional={
+            "server_args": server_args | garbage,
+            "args": st.lists(st.sampled_from(FLAGS) | words, max_size=6) | garbage,
+            "env": st.dictionaries(texts, texts | garbage, max_size=3) | garbage,
+        },
+    )
+    | garbage,
+    max_size=3,
+)
+
+
+@st.composite
+def valid_deployments(draw) -> dict:
+    """A deployment a user could mean: PD or colocated roles with plausible server args."""
+    data: dict = {}
+    model = draw(st.sampled_from(["config", "path", "hf_config", "none"]))
+    if model == "config":
+        data["model"] = {"config": "ok.json"}
+    elif model == "path":
+        data["model"] = {"path": str(MODEL_DIR)}
+    elif model == "hf_config":
+        data["model"] = {"hf_config": draw(model_configs())}
+    if draw(st.booleans()):
+        data["env"] = {"ASCEND_USE_FIA": draw(st.sampled_from(["1", "0", "true"]))}
+    names = draw(st.sampled_from([["prefill", "decode"], ["decode"], ["prefill"], ["server"], []]))
+    data["roles"] = {}
+    for name in names:
+        args = {
+            "pp_size": draw(st.integers(1, 4)),
+            "tp_size": draw(st.sampled_from([1, 8, 16])),
+            "page_size": draw(st.sampled_from([1, 16, 128])),
+        }
+        if name == "prefill" and draw(st.booleans()):
+            args["attn_cp_size"] = 2
+        if name == "decode" and draw(st.booleans()):
+            args["speculative_algorithm"] = "EAGLE"
+        if draw(st.booleans()):
+            args["disaggregation_transfer_backend"] = "ascend"
+        data["roles"][name] = {"server_args": args}
+    if draw(st.booleans()):
+        data["ignore"] = [{"id": draw(st.sampled_from(CHECK_IDS)), "until": "2999-12-31", "reason": "r"}]
+    return data
+
+
+def _containers(data, path=()):
+    """Every (path, container) in nested dicts and lists, the root included."""
+    found = [(path, data)]
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if isinstance(value, (dict, list)):
+            found += _containers(value, (*path, key))
+    return found
+
+
+@st.composite
+def deployments(draw) -> dict:
+    """A valid deployment with up to three mutations: a value replaced by garbage or by a
+    type-confused twin, a key dropped, an unknown key added."""
+    data = draw(valid_deployments())
+    for _ in range(draw(st.integers(0, 3))):
+        _path, container = draw(st.sampled_from(_containers(data)))
+        keys = list(container) if isinstance(container, dict) else list(range(len(container)))
+        operation = draw(st.sampled_from(["garbage", "confuse", "drop", "add"]))
+        if operation == "add" or not keys:
+            if isinstance(container, dict):
+                container[draw(texts | st.sampled_from(SERVER_FIELDS + HF_FIELDS))] = draw(garbage)
+            else:
+                container.append(draw(garbage))
+            continue
+        key = draw(st.sampled_from(keys))
+        if operation == "drop":
+            del container[key]
+        elif operation == "garbage":
+            container[key] = draw(garbage)
+        else:
+            value = container[key]
+            container[key] = draw(
+                st.sampled_from([str(value), [value], {"v": value}, None, True, -1, 0, 2**63, float("nan")])
+            )
+    return data
+
+
+def dump(data) -> str:
+    """YAML text of ``data``; strings that PyYAML will not emit as such fall back to JSON text
+    (YAML is a superset of JSON), with lone surrogates as ``\\ud800`` escapes."""
+    try:
+        return yaml.safe_dump(data, allow_unicode=True)
+    except (yaml.YAMLError, UnicodeEncodeError, ValueError):
+        return json.dumps(data, default=str)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    return path
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(data=deployments(), fmt=st.sampled_from(FORMATS))
+def test_fuzzed_deployment_yaml(tree, workdir, data, fmt):
+    check(tree, fmt, "--config", write(workdir / "deploy.yaml", dump(data)))
+
+
+# YAML-only constructs: anchors and aliases (cycles included), merge keys, explicit and unknown
+# tags that safe_load refuses, several documents, bad timestamps, escapes, tabs
+YAML_PIECES = [
+    "roles: {decode: {server_args: &a {pp_size: 2, self: *a}}}",
+    "base: &b {pp_size: 2}\nroles: {decode: {server_args: {<<: *b}}}",
+    "roles: &r {decode: {env: *r}}",
+    "roles: {decode: {server_args: !!python/object:os.system {}}}",
+    "roles: !!python/name:os.system",
+    "env: !custom {A: 1}",
+    "env: {A: !!binary aGVsbG8=}",
+    "roles: {decode: {server_args: {x: !!set {a, b}}}}",
+    "roles: {decode: {server_args: {x: !!omap [a: 1]}}}",
+    "ignore: [{id: NPD001, until: 2026-13-45}]",
+    "ignore: [{id: NPD001, until: !!timestamp 2001-12-14t21:59:43.10-05:00}]",
+    'ignore: [{id: NPD001, until: 2999-01-01, reason: "\\ud800\\x00\\u202e"}]',
+    "roles:\n\tdecode: {}",
+    "---\nroles: {}\n---\nenv: {}",
+    "model: {hf_config: &h {num_hidden_layers: 2, num_attention_heads: 2, hidden_size: 8, text_config: *h}}",
+    "roles: {decode: {server_args: {pp_size: 1" + "0" * 5000 + "}}}",
+    "roles: {decode: {server_args: {x: " + "[" * 400 + "]" * 400 + "}}}",
+    "env: {? [a] : b}",
+    "roles: {decode: {args: *undefined}}",
+    "%YAML 1.1\n---\nroles: {decode: {}}",
+    "",
+    "null",
+    "[]",
+    "42",
+]
+
+
+@FUZZ
+@given(
+    pieces=st.lists(st.sampled_from(YAML_PIECES), min_size=1, max_size=3),
+    noise=st.text(max_size=10),
+    fmt=st.sampled_from(FORMATS),
+)
+def test_fuzzed_yaml_text(tree, workdir, pieces, noise, fmt):
+    text = "\n".join(pieces)
+    if noise:
+        cut = len(noise) % (len(text) + 1)
+        text = text[:cut] + noise + text[cut:]
+    check(tree, fmt, "--config", write(workdir / "raw.yaml", text))
+
+
+@FUZZ
+@given(
+    config=model_configs() | model_configs() | model_configs() | garbage,
+    raw=st.none() | st.none() | st.none() | st.binary(max_size=40),
+    roles_text=st.sampled_from(
+        [
+            "roles: {prefill: {server_args: {pp_size: 2}}, decode: {server_args: {speculative_algorithm: EAGLE}}}",
+            "roles: {decode: {env: {ASCEND_USE_FIA: '1'}}}",
+            "roles: {prefill: {server_args: {attn_cp_size: 2}}}",
+            "",
+        ]
+    ),
+    fmt=st.sampled_from(FORMATS),
+)
+def test_fuzzed_model_config_json(tree, workdir, config, raw, roles_text, fmt):
+    body = raw if raw is not None else json.dumps(config, default=str).encode("utf-8", "surrogatepass")
+    (workdir / "model.json").write_bytes(body)
+    deploy = write(workdir / "model.yaml", "model: {config: model.json}\n" + roles_text)
+    check(tree, fmt, "--config", deploy)
+
+
+env_names = st.sampled_from(
+    ["ASCEND_USE_FIA", "HF_TOKEN", "SGLANG_PP_LAYER_PARTITION", "A", "_X1"]
+) | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True)
+launchers = st.sampled_from(
+    [
+        ["python", "-m", "sglang.launch_server"],
+        ["python3.11", "-u", "-m", "sglang.launch_server"],
+        ["/usr/bin/python3", "-m", "sglang.srt.server"],
+        ["sglang", "serve"],
+        ["env"],
+        [],
+        ["python", "-m"],
+        ["python", "-c", "pass"],
+        ["torchrun", "x.py"],
+    ]
+)
+
+
+@st.composite
+def launch_commands(draw) -> list[str]:
+    argv = [f"{name}={value}" for name, value in draw(st.lists(st.tuples(env_names, words), max_size=3))]
+    if draw(st.booleans()):
+        argv.insert(0, "env")
+    argv += draw(launchers)
+    if draw(st.booleans()):
+        argv += ["--model-path", str(MODEL_DIR)]
+    for _ in range(draw(st.integers(0, 5))):
+        flag = draw(st.sampled_from(FLAGS) | st.text(max_size=6).map(lambda t: "--" + t))
+        form = draw(st.sampled_from(["bare", "value", "equals", "values"]))
+        if form == "value":
+            argv += [flag, draw(words)]
+        elif form == "equals":
+            argv.append(f"{flag}={draw(words)}")
+        elif form == "values":
+            argv += [flag, *draw(st.lists(words, max_size=3))]
+        else:
+            argv.append(flag)
+    if draw(st.integers(0, 9)) == 0:
+        argv.append(draw(words))  # a stray positional word
+    return argv
+
+
+@FUZZ
+@given(argv=launch_commands(), fmt=st.sampled_from(FORMATS))
+def test_fuzzed_launch_command(tree, argv, fmt):
+    check(tree, fmt, "--", *argv)
+
+
+@FUZZ
+@given(
+    specs=st.lists(
+        st.sampled_from(CHECK_IDS).flatmap(lambda i: st.sampled_from([i, i.lower(), f"{i}:", f" {i} "]))
+        | st.tuples(st.sampled_from(CHECK_IDS), dates).map(lambda p: f"{p[0]}:{p[1]}")
+        | texts,
+        max_size=3,
+    ),
+    entries=ignore_entries,
+    fmt=st.sampled_from(FORMATS),
+)
+def test_fuzzed_ignore_entries(tree, workdir, specs, entries, fmt):
+    deploy = write(workdir / "ignore.yaml", dump({"roles": {"decode": {}}, "ignore": entries}))
+    argv = [a for spec in specs for a in ("--ignore", spec)]
+    check(tree, fmt, "--config", deploy, *argv)
+
+
+@FUZZ
+@given(
+    env=st.lists(words | st.tuples(env_names, words).map("=".join), max_size=3),
+    flags=st.lists(
+        st.tuples(st.sampled_from(["--pp-size", "--tp-size", "--page-size", "--disaggregation-mode"]), words),
+        max_size=3,
+    ),
+    model=st.sampled_from([str(MODEL_DIR), str(MODEL_DIR / "config.json"), "/nonexistent", ""]),
+    fmt=st.sampled_from(FORMATS),
+)
+def test_fuzzed_model_path_flags(tree, env, flags, model, fmt):
+    argv = [
+        "--model-path",
+        model,
+        *[a for pair in flags for a in pair],
+        *[a for e in env for a in ("--env", e)],
+    ]
+    check(tree, fmt, *argv)
+
+
+def test_the_contract_catches_an_internal_error(tree, monkeypatch):
+    """The fuzz tests can fail: an input that reaches a bug (exit 3) breaks the contract."""
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(npudoctor.deployment, "from_yaml", broken)
+    with pytest.raises(AssertionError, match="exit 3"):
+        check(tree, "json", "--config", EXAMPLE_DIR / "deepseek-v3-pd.yaml")
