@@ -48,6 +48,7 @@ def disabled() -> bool:
 
 def say_once(message: str) -> None:
     """One line on stderr per distinct message and process; never raises."""
+    message = " ".join(str(message).split())  # one line, whatever an exception's text holds
     if message in _said:
         return
     _said.add(message)
@@ -73,9 +74,36 @@ def enable(plan: dict[str, dict[str, str]]) -> None:
             wrapt.register_post_import_hook(_hook(fix_id, shape, modules), module)
 
 
-def plan_of(document: dict) -> dict[str, dict[str, str]]:
-    """``{fix id: shape}`` of a record document (``npudoctor.fixing.record_document``)."""
-    return {fix_id: entry["shape"] for fix_id, entry in document["fixes"].items()}
+_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+
+
+def plan_of(document: object) -> dict[str, dict[str, str]]:
+    """``{fix id: shape}`` of a record document (``npudoctor.fixing.record_document``).
+
+    The one place a plan read from a file (``npudoctor fix --apply``'s record, the plan of
+    ``npudoctor run``) is validated: ``ValueError`` names what is wrong, before anything is armed."""
+    import re  # here: the `npudoctor run` bootstrap imports this module in every interpreter
+
+    if not isinstance(document, dict) or not isinstance(document.get("fixes"), dict):
+        raise ValueError("not a fix record (no 'fixes' mapping)")
+    site = re.compile(f"{_IDENTIFIERS}:{_IDENTIFIERS}")
+    plan = {}
+    for fix_id, entry in document["fixes"].items():
+        if not isinstance(fix_id, str) or not re.fullmatch(r"NPD\d+", fix_id):
+            raise ValueError(f"not a fix id: {fix_id!r}"[:120])
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, dict) or not shape:
+            raise ValueError(f"{fix_id}: no 'shape' mapping")
+        for key, value in shape.items():
+            if not isinstance(key, str) or not site.fullmatch(key) or not isinstance(value, str):
+                raise ValueError(f"{fix_id}: not a 'module:Qual.name' site and its shape: {key!r}"[:160])
+        for key, kind in (("replaces", list), ("release", str)):
+            if entry.get(key) is not None and not isinstance(entry[key], kind):
+                raise ValueError(f"{fix_id}: '{key}' is not a {kind.__name__}")
+        if not all(isinstance(item, str) for item in entry.get("replaces") or ()):
+            raise ValueError(f"{fix_id}: 'replaces' lists something that is not a site")
+        plan[fix_id] = dict(shape)
+    return plan
 
 
 def outcomes() -> dict[str, str]:

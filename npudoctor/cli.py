@@ -10,7 +10,6 @@ import contextlib
 import datetime as dt
 import io
 import os
-import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -383,8 +382,7 @@ def run(
         raise InputError(
             "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
         )
-    if shutil.which(command[0]) is None:
-        raise fixing.CommandNotFound(f"run: command not found: {command[0]}")
+    fixing.resolve_command(command[0])  # 127/126 before any planning
     if config is not None:
         deploy = load_deployment_from(config)
     else:

@@ -170,9 +170,10 @@ class Decision:
 
 def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
     """Apply only where the check finds the defect and the code is a shape the fix knows."""
+    from npudoctor.check import run_checks
     from npudoctor.results import Status
 
-    result = fix.check.run(target, facts, depth="static")
+    [result] = run_checks([fix.check], target, facts, "static")  # a check that raises is an error result
     if result.status in (Status.PASS, Status.SKIP):
         return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
     if result.status is not Status.FAIL:

@@ -21,6 +21,7 @@ from npudoctor import activation, registration
 from npudoctor.deployment import Deployment
 from npudoctor.errors import InputError
 from npudoctor.fix import Action, Decision, Fix, all_fixes, decide
+from npudoctor.redact import redact_argv
 from npudoctor.target import Target
 
 SCHEMA = 1
@@ -112,7 +113,7 @@ def status(document: dict, target: Target) -> list[SiteStatus]:
                 SiteStatus(
                     fix_id,
                     "in place",
-                    f"replaces {', '.join(s.split(':')[1] for s in entry.get('replaces', []))} "
+                    f"replaces {', '.join(s.partition(':')[2] for s in entry.get('replaces') or [])} "
                     f"(written for sglang {entry.get('release')})",
                 )
             )
@@ -130,9 +131,7 @@ def run_command(command: list[str], document: dict) -> int:
         raise InputError(
             "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
         )
-    executable = shutil.which(command[0])
-    if executable is None:
-        raise CommandNotFound(f"run: command not found: {command[0]}")
+    executable = resolve_command(command[0])
     workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
     try:
         plan_path = workdir / "plan.json"
@@ -143,7 +142,8 @@ def run_command(command: list[str], document: dict) -> int:
         try:
             child = subprocess.Popen([executable, *command[1:]], env=env)
         except OSError as error:
-            raise CommandNotFound(f"run: cannot execute {command[0]}: {error.strerror}", 126) from None
+            shown = redact_argv(command[:1])[0]
+            raise CommandNotFound(f"run: cannot execute {shown}: {error.strerror}", 126) from None
         previous = {sig: signal.signal(sig, _forward(child)) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             return child.wait()
@@ -152,6 +152,28 @@ def run_command(command: list[str], document: dict) -> int:
                 signal.signal(sig, handler)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def resolve_command(name: str) -> str:
+    """The executable ``npudoctor run`` starts for ``name``, as a shell finds it; else
+    ``CommandNotFound`` with the shell's exit code: 127 when there is no such command, 126 when a
+    path names something that cannot be executed (a file without the x bit, a directory)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    shown = redact_argv([name])[0]  # `npudoctor run -- HF_TOKEN=x cmd` must not echo the token
+    if os.sep in name or (os.altsep and os.altsep in name):
+        path = Path(name)
+        if path.is_dir():
+            raise CommandNotFound(f"run: cannot execute {shown}: it is a directory", 126)
+        if path.exists():
+            raise CommandNotFound(f"run: cannot execute {shown}: permission denied (not executable)", 126)
+    elif "=" in name:
+        raise CommandNotFound(
+            f"run: command not found: {shown} (put environment assignments before `npudoctor run`, "
+            "or use `env NAME=value cmd`)"
+        )
+    raise CommandNotFound(f"run: command not found: {shown}")
 
 
 class CommandNotFound(InputError):

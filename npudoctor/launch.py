@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npudoctor.errors import InputError
+from npudoctor.redact import redact_argv
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -87,7 +88,9 @@ def parse_arguments(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     while i < len(args):
         token = args[i]
         if not token.startswith("--") or token == "--":
-            raise InputError(f"launch command: unexpected argument {token!r} (flags start with --)")
+            raise InputError(
+                f"launch command: unexpected argument {redact_argv([token])[0]!r} (flags start with --)"
+            )
         flag, has_inline, inline = token.partition("=")
         values: list[str] = [inline] if has_inline else []
         i += 1
@@ -123,14 +126,16 @@ def sglang_parser() -> argparse.ArgumentParser | None:
 def _convert(flag: str, values: list[str], kind: Callable[[str], Any] | None) -> Any:
     if kind is None:  # a store_true switch
         if values:
-            raise InputError(f"launch command: {flag} takes no value, got {' '.join(values)!r}")
+            raise InputError(f"launch command: {flag} takes no value, got {' '.join(redact_argv(values))!r}")
         return True
     if len(values) != 1:
         raise InputError(f"launch command: {flag} expects one value, got {len(values)}")
     try:
         return kind(values[0])
     except ValueError:
-        raise InputError(f"launch command: {flag} expects {kind.__name__}, got {values[0]!r}") from None
+        raise InputError(
+            f"launch command: {flag} expects {kind.__name__}, got {redact_argv(values)[0]!r}"
+        ) from None
 
 
 def _strip_env_prefix(argv: list[str], env: dict[str, str]) -> list[str]:
@@ -160,6 +165,6 @@ def _server_arguments(argv: list[str]) -> list[str]:
     if program == "sglang" and len(argv) > 1 and argv[1] in ("serve", "launch_server"):
         return argv[2:]
     raise InputError(
-        f"launch command: cannot read {' '.join(argv[:3])!r}; expected "
+        f"launch command: cannot read {' '.join(redact_argv(argv[:3]))!r}; expected "
         "'python -m sglang.launch_server ...', 'sglang serve ...' or the bare --flags"
     )

@@ -17,6 +17,7 @@ import contextlib
 import os
 import pickle
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,9 @@ def run(
             env=env,
             pass_fds=(steps_write,),
         )
+    except OSError as error:
+        os.close(steps_read)
+        return LiveOutcome(unavailable=f"the live run could not start: {error}")
     finally:
         os.close(steps_write)
     reader.start()
@@ -97,10 +101,24 @@ def run(
         return LiveOutcome(unavailable=f"the live run did not finish in {TIMEOUT_SECONDS} s")
     finally:
         reader.join(timeout=5)
+    tail = (stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"])[0][:300]
+    if child.returncode < 0:  # a crash in native code, the OOM killer, a kill
+        try:
+            name = signal.Signals(-child.returncode).name
+        except ValueError:
+            name = f"signal {-child.returncode}"
+        return LiveOutcome(unavailable=f"the live run was killed by {name}: {tail}")
     if child.returncode != 0 or not stdout:
-        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return LiveOutcome(unavailable=f"the live run exited {child.returncode}: {tail[0]}")
-    return pickle.loads(stdout)
+        return LiveOutcome(unavailable=f"the live run exited {child.returncode}: {tail}")
+    try:
+        outcome = pickle.loads(stdout)
+    except Exception as error:  # the child's answer was cut short or overwritten
+        return LiveOutcome(
+            unavailable=f"the live run gave no readable answer ({type(error).__name__}): {tail}"
+        )
+    if not isinstance(outcome, LiveOutcome):
+        return LiveOutcome(unavailable=f"the live run gave no readable answer (a {type(outcome).__name__})")
+    return outcome
 
 
 def _read_steps(fd: int, on_step: Callable[[str], None] | None) -> None:
@@ -117,8 +135,12 @@ def _peak_rss_mb() -> float:
 def _child() -> int:
     """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
     request = pickle.loads(sys.stdin.buffer.read())
-    answer = sys.stdout.buffer
-    sys.stdout = sys.stderr  # whatever sglang prints must not corrupt the answer
+    # whatever sglang prints, from Python or from native code writing to fd 1, must not corrupt
+    # the answer: the answer gets its own copy of the pipe, and fd 1 becomes stderr
+    sys.stdout.flush()
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from npudoctor import activation
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime, simulated_npu
@@ -160,6 +182,7 @@ def _child() -> int:
                     outcome.errors[check_id] = f"{type(error).__name__}: {error}{where}"
     outcome.peak_rss_mb = _peak_rss_mb()
     answer.write(pickle.dumps(outcome))
+    answer.close()
     return 0
 
 

@@ -85,15 +85,18 @@ def write(plan: dict, site: Path | None = None) -> Path:
 def remove(site: Path | None = None) -> Path | None:
     """Delete the record; returns its former path, or None when there was none."""
     final = site_dir(site) / DIST_INFO
-    if not final.exists():
+    if not final.exists() and not final.is_symlink():
         return None
-    listed = [line.split(",")[0] for line in (final / "RECORD").read_text().splitlines() if line]
-    unexpected = sorted({p.name for p in final.iterdir()} - {Path(p).name for p in listed})
-    if unexpected:
-        raise InputError(
-            f"{final} holds files npudoctor did not write ({', '.join(unexpected)}); not removed"
-        )
+    if final.is_symlink() or not final.is_dir():
+        raise InputError(f"{final} is not the directory npudoctor writes; not removed")
     try:
+        # the names --apply writes: a record whose plan or RECORD is damaged still goes, anything
+        # someone else put there stays
+        unexpected = sorted({p.name for p in final.iterdir()} - set(_FILES))
+        if unexpected:
+            raise InputError(
+                f"{final} holds files npudoctor did not write ({', '.join(unexpected)}); not removed"
+            )
         shutil.rmtree(final)
     except OSError as error:
         raise InputError(f"cannot remove {final} ({error.strerror})") from None
@@ -107,13 +110,20 @@ def read(site: Path | None = None) -> dict | None:
         return None
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise InputError(
             f"{path}: unreadable fix record ({error}); `npudoctor fix --revert` removes it"
         ) from None
-    if not isinstance(document, dict) or not isinstance(document.get("fixes"), dict):
-        raise InputError(f"{path}: not a fix record; `npudoctor fix --revert` removes it")
+    from npudoctor.activation import plan_of
+
+    try:
+        plan_of(document)  # what sglang's processes would read
+    except ValueError as error:
+        raise InputError(f"{path}: not a fix record ({error}); `npudoctor fix --revert` removes it") from None
     return document
+
+
+_FILES = ("METADATA", "entry_points.txt", PLAN_FILE, "INSTALLER", "RECORD")
 
 
 def read_plan() -> dict[str, dict[str, str]]:
