@@ -107,7 +107,7 @@ def run(
             name = signal.Signals(-child.returncode).name
         except ValueError:
             name = f"signal {-child.returncode}"
-        return LiveOutcome(unavailable=f"the live run was killed by {name}: {tail}")
+        return LiveOutcome(unavailable=f"the live run was killed by {name}")  # its stderr tells nothing then
     if child.returncode != 0 or not stdout:
         return LiveOutcome(unavailable=f"the live run exited {child.returncode}: {tail}")
     try:
