@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as dt
 import io
 import json
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import EXAMPLES as EXAMPLE_DIR
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import npudoctor.runner
@@ -280,8 +281,19 @@ def write(path: Path, text: str) -> Path:
 # -- the tests ----------------------------------------------------------------------------------
 
 
+# The inputs that broke npudoctor when these tests were written (exit 3), replayed on every run.
+SMALL_MODEL = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64}
+
+
 @FUZZ
 @given(data=deployments(), fmt=st.sampled_from(FORMATS))
+@example(data={"roles": {"decode": {"server_args": {"pp_size": "²"}}}}, fmt="json")  # isdigit() but not int()
+@example(data={"roles": {"decode": {"server_args": {"revision": dt.date(2025, 1, 1)}}}}, fmt="json")
+@example(data={"roles": {"decode": {"server_args": {dt.date(2025, 1, 1): 1}}}}, fmt="json")
+@example(data={"model": {"hf_config": {**SMALL_MODEL, "architectures": 5}}}, fmt="text")
+@example(data={"roles": {"decode": {}}, "ignore": [{"id": "NPD001", "reason": "\ud800"}]}, fmt="text")
+@example(data={"roles": {"decode": {}}, "ignore": [{"id": "NPD001", "reason": "\ud800"}]}, fmt="markdown")
+@example(data={"roles": {"decode": {}}, "ignore": [{"id": "NPD001", "reason": "\ud800"}]}, fmt="github")
 def test_fuzzed_deployment_yaml(tree, workdir, data, fmt):
     check(tree, fmt, "--config", write(workdir / "deploy.yaml", dump(data)))
 
@@ -322,6 +334,11 @@ YAML_PIECES = [
     noise=st.text(max_size=10),
     fmt=st.sampled_from(FORMATS),
 )
+@example(pieces=["roles: {decode: {server_args: &a {pp_size: 2, self: *a}}}"], noise="", fmt="json")
+@example(pieces=["roles: {decode: {server_args: {x: !!binary aGVsbG8=}}}"], noise="", fmt="json")
+@example(pieces=["roles: {decode: {server_args: {x: !!set {a, b}}}}"], noise="", fmt="json")
+@example(pieces=["ignore: [{id: NPD001, until: 2026-13-45}]"], noise="", fmt="json")  # safe_load: ValueError
+@example(pieces=["roles: {decode: {server_args: {pp_size: 1" + "0" * 5000 + "}}}"], noise="", fmt="json")
 def test_fuzzed_yaml_text(tree, workdir, pieces, noise, fmt):
     text = "\n".join(pieces)
     if noise:
@@ -344,6 +361,9 @@ def test_fuzzed_yaml_text(tree, workdir, pieces, noise, fmt):
     ),
     fmt=st.sampled_from(FORMATS),
 )
+@example(config={**SMALL_MODEL, "architectures": 5}, raw=None, roles_text="", fmt="json")
+@example(config={}, raw=b'{"num_hidden_layers": 1' + b"0" * 5000 + b"}", roles_text="", fmt="json")
+@example(config={}, raw=b"[" * 100_000 + b"]" * 100_000, roles_text="", fmt="json")
 def test_fuzzed_model_config_json(tree, workdir, config, raw, roles_text, fmt):
     body = raw if raw is not None else json.dumps(config, default=str).encode("utf-8", "surrogatepass")
     (workdir / "model.json").write_bytes(body)
