@@ -10,6 +10,7 @@ kept under its sglang field name, so nothing the user wrote is lost or rejected.
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import re
 from collections.abc import Callable
@@ -73,11 +74,25 @@ def parse_command(argv: list[str], parser: argparse.ArgumentParser | None = None
             namespace, unknown = parser.parse_known_args(args)
         except (argparse.ArgumentError, SystemExit) as error:
             raise InputError(f"launch command: {error}") from None
-        command.server_args = dict(vars(namespace))
+        command.server_args = {key: _plain(value) for key, value in vars(namespace).items()}
         command.unknown_args = list(unknown)
     else:
         command.server_args, command.unknown_args = parse_arguments(args)
     return command
+
+
+def _plain(value: Any) -> Any:
+    """A value sglang's parser produced, as the plain data a report holds: what a custom
+    argparse type or action returns (an enum, a dtype, ...) is kept as its text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return str(value)
 
 
 def parse_arguments(args: list[str]) -> tuple[dict[str, Any], list[str]]:

@@ -465,3 +465,28 @@ def test_the_contract_catches_an_internal_error(tree, monkeypatch):
     monkeypatch.setattr(npudoctor.deployment, "from_yaml", broken)
     with pytest.raises(AssertionError, match="exit 3"):
         check(tree, "json", "--config", EXAMPLE_DIR / "deepseek-v3-pd.yaml")
+
+
+def test_values_of_sglang_own_parser_become_plain_data():
+    """At the live depth the launch command is read with sglang's own argparse definitions, whose
+    custom types and actions may produce any object: the deployment keeps them as text."""
+    import argparse
+    import enum
+
+    class Backend(enum.Enum):
+        ASCEND = "ascend"
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--disaggregation-transfer-backend", type=Backend)
+    parser.add_argument("--pp-size", type=int)
+    parser.add_argument("--weird", type=lambda text: object())
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    argv = ["python", "-m", "sglang.launch_server", "--pp-size", "2", "--weird", "x"]
+    argv += ["--disaggregation-transfer-backend", "ascend", "--api-key", "k"]
+    facts = npudoctor.deployment.from_command(argv, parser).facts
+    (role,) = facts.to_dict()["roles"]
+    assert role["server_args"]["disaggregation_transfer_backend"] == "ascend"
+    assert role["server_args"]["weird"].startswith("<object object")
+    assert role["pp_size"] == 2 and role["unknown_args"] == ["--api-key", "***"]
+    json.dumps(facts.to_dict())
