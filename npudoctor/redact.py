@@ -17,9 +17,13 @@ whatever the name it came under.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from npudoctor.results import Result
 
 REDACTED = "***"
 
@@ -126,3 +130,21 @@ def redact_argv(words: list[str] | tuple[str, ...]) -> list[str]:
         else:
             out.append(redact_value(text))
     return out
+
+
+def redact_result(result: Result) -> Result:
+    """``result`` with URL passwords and well-known token formats removed from its free text
+    (summary, evidence, notes, the exception): check text quotes sglang's exceptions, the live
+    child's last words, the user's ignore reasons, any of which may hold a credential."""
+    evidence = tuple(
+        dataclasses.replace(e, expected=redact_value(e.expected), observed=redact_value(e.observed))
+        for e in result.evidence
+    )
+    return dataclasses.replace(
+        result,
+        summary=redact_value(result.summary),
+        evidence=evidence,
+        assumptions=tuple(redact_value(a) for a in result.assumptions),
+        ignored=None if result.ignored is None else redact_value(result.ignored),
+        error=None if result.error is None else redact_value(result.error),
+    )

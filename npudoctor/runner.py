@@ -18,6 +18,7 @@ from npudoctor import __version__, deployment, ignores, live
 from npudoctor.check import Check, all_checks, run_checks
 from npudoctor.errors import InputError
 from npudoctor.launch import sglang_parser
+from npudoctor.redact import redact_result, redact_value
 from npudoctor.results import Report, Status
 from npudoctor.target import discover
 
@@ -76,13 +77,16 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
 
     results = ignores.apply(results, entries, request.today)
+    live_summary = _live_summary(outcome)
+    if live_summary is not None and "reason" in live_summary:
+        live_summary["reason"] = redact_value(live_summary["reason"])
     return Report(
         target=target.info(),
         deployment=deploy.facts.to_dict(),
-        results=tuple(results),
+        results=tuple(redact_result(r) for r in results),
         fail_on=Status(request.fail_on),
         tool_version=__version__,
-        live=_live_summary(outcome),
+        live=live_summary,
     )
 
 

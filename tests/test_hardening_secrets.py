@@ -40,7 +40,15 @@ VALUE_SECRETS = {
     "ASCEND_MODEL_REPO": ("hf_leakLeakLeakLeakLeak0123456789", "hf_leakLeakLeakLeakLeak0123456789"),
 }
 ARG_SECRETS = {"--api-key": "leak-server-api-key-11aa", "--admin-api-key": "leak-admin-api-key-22bb"}
-ALL_SECRETS = [*ENV_SECRETS.values(), *(v for _, v in VALUE_SECRETS.values()), *ARG_SECRETS.values()]
+# free text that ends up in every format: an ignore entry's reason
+REASON_SECRETS = ("leak-reason-password-33cc", "ghp_leakLeakLeakLeakLeakLeak0123456789")
+REASON = f"see https://ci-bot:{REASON_SECRETS[0]}@ci.example/issues/7 (token {REASON_SECRETS[1]})"
+ALL_SECRETS = [
+    *ENV_SECRETS.values(),
+    *(v for _, v in VALUE_SECRETS.values()),
+    *ARG_SECRETS.values(),
+    *REASON_SECRETS,
+]
 
 
 def assert_clean(*outputs: str | bytes) -> None:
@@ -87,6 +95,7 @@ def deployment_yaml(directory: Path) -> Path:
             },
         },
     }
+    data["ignore"] = [{"id": "NPD001", "until": "2999-12-31", "reason": REASON}]
     path = directory / "secrets.yaml"
     path.write_text(json.dumps(data))  # YAML is a superset of JSON
     return path
@@ -130,6 +139,8 @@ def test_yaml_env_and_server_args_are_redacted_in_every_format(
     assert decode["server_args"]["api_key"] == REDACTED and decode["server_args"]["admin_api_key"] == REDACTED
     assert decode["unknown_args"] == [f"--api-key {REDACTED}", f"--admin-api-key={REDACTED}"]
     assert prefill["server_args"]["pp_size"] == 2  # not a secret: kept
+    ignored = next(r for r in report["results"] if r["id"] == "NPD001")["ignored"]
+    assert ignored.startswith(f"see https://ci-bot:{REDACTED}@ci.example/issues/7 (token {REDACTED})")
 
 
 def test_launch_command_env_prefix_and_flags_are_redacted(cli, release, tmp_path, monkeypatch, secret_env):
