@@ -76,6 +76,9 @@ def write(plan: dict, site: Path | None = None) -> Path:
             shutil.rmtree(retired)
         else:
             os.replace(staging, final)
+    except OSError as error:  # a full disk, a record directory someone made unwritable
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InputError(f"cannot write the fix record in {directory} ({error.strerror or error})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

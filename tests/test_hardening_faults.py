@@ -534,3 +534,15 @@ def test_native_writes_to_stdout_do_not_corrupt_the_live_answer(cli, release, ov
     )
     assert report["live"]["ran"] is True, report["live"]
     assert result_of(report, "NPD002")["depth"] == "live"
+
+
+def test_apply_over_a_broken_leftover_exits_2_and_leaves_nothing_behind(cli, release, tmp_path):
+    """A dangling symlink where the record goes: the rename fails, the staging copy is removed."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / registration.DIST_INFO).symlink_to(tmp_path / "gone")
+    code, _, err = _apply(cli, release, site)
+    assert code == 2 and "cannot write the fix record" in one_error_line(err)
+    assert [p.name for p in site.iterdir()] == [registration.DIST_INFO]
+    code, _, err = cli("fix", "--revert", "--site", site)
+    assert code == 2 and "not removed" in one_error_line(err)
