@@ -122,6 +122,14 @@ class PipelineTransferMap(Check):
         notes = list(role_notes)
         for family in families:
             model = facts.model or _ASSUMED_MODELS[family]
+            if prefill.pp_size > model.num_layers:  # the deployment's own model is checked on input
+                return Probe(
+                    Status.WARN,
+                    f"cannot tell: prefill pp_size {prefill.pp_size} exceeds the {model.num_layers} layers of "
+                    f"the {model.source} model assumed without a model config: give the deployment's config.json",
+                    assumptions=assumptions,
+                    roles=roles,
+                )
             if facts.model is None:
                 notes.append(f"live: {family.upper()} model {model.source}")
             outcomes.append(_live_family(family, model, prefill, decode))

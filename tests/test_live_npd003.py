@@ -224,3 +224,14 @@ def test_deepseek_sized_run_stays_small(cli, release):
     assert npd003(report)["status"] == "pass"
     assert report["live"]["peak_rss_mb"] - report["live"]["import_rss_mb"] < 300, report["live"]
     assert "(live, CPU)" in json.dumps(npd003(report)["evidence"])
+
+
+def test_more_stages_than_the_assumed_model_has_layers_is_cannot_tell_not_a_hang(cli, release):
+    """Without a model config the probe assumes a 61-layer model: PP 100000 has no split to probe."""
+    code, out, err = cli(
+        "check", "--format", "json", "--depth", "live", "--select", "NPD003", "--sglang-path", release("0.5.23"),
+        "--", "python", "-m", "sglang.launch_server", "--pp-size", "100000", "--disaggregation-mode", "prefill",
+    )  # fmt: skip
+    assert code in (0, 1), err
+    result = result_of(json.loads(out), "NPD003")
+    assert result["status"] == "warn" and "pp_size 100000 exceeds the 61 layers" in result["summary"]
