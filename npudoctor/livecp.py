@@ -51,12 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
 from npudoctor.dataflow import FunctionRef, calls_to, enclosing_tests, functions_named
 from npudoctor.facts import ModelFacts, RoleFacts
+from npudoctor.lazy import lazy_module
 from npudoctor.results import Location
 from npudoctor.source import SourceTree
+
+torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
 T = TypeVar("T")
 

@@ -17,9 +17,10 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
-
 from npudoctor.facts import ModelFacts, RoleFacts
+from npudoctor.lazy import lazy_module
+
+torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
 NPU_POOL_MODULE = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
@@ -56,13 +57,14 @@ def build_pool(
     cls: type,
     model: ModelFacts | None,
     role: RoleFacts,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = None,
     layers_range: tuple[int, int] | None = None,
 ) -> Any:
-    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large.
+    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large, in ``dtype`` (bfloat16).
 
     ``layers_range`` is one PP stage's ``(start_layer, end_layer)``, end exclusive as sglang's
     model runner passes ``model.end_layer``; by default the role's largest stage, from layer 0."""
+    dtype = dtype or torch.bfloat16
     page_size = role.page_size
     first, end = layers_range or (0, _stage_layers(model, role))
     layers = end - first

@@ -242,3 +242,17 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     assert "| FAIL |" in outputs["markdown"]
     assert "memory_pool.py:1832" in outputs["text"]
     assert json.loads(outputs["json"])["results"][0]["status"] == "fail"
+
+
+def test_static_depth_never_executes_torch(release, tmp_path):
+    """The live helpers import torch lazily: a static check (~1 s) must not pay for it (~1-2 s)."""
+    code = (
+        "import sys; from npudoctor.cli import main; "
+        f"rc = main(['check', '--depth', 'static', '--format', 'json', '--sglang-path', {str(release('0.5.12'))!r}]); "
+        "torch = sys.modules.get('torch'); "
+        "print('torch executed' if torch is not None and type(torch).__name__ != '_LazyModule' else 'no torch', "
+        "file=sys.stderr); sys.exit(rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().endswith("no torch")

@@ -1,0 +1,27 @@
+"""Modules imported on first use.
+
+The live depth's helpers (``npudoctor.livepools``, ``npudoctor.livecp``) need torch, and the
+check modules import those helpers; the static depth must not pay for torch (1-2 s) when it
+never runs them. ``importlib.util.LazyLoader`` defers the module's execution to its first
+attribute access; an already imported module is returned as it is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+
+def lazy_module(name: str) -> ModuleType:
+    """``name``, executed when one of its attributes is first read (``import name`` otherwise)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
