@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib
-import pkgutil
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,16 +207,9 @@ class LiveProbeError(RuntimeError):
 def all_checks() -> list[Check]:
     """Every check module in ``npudoctor.checks``, ordered by id."""
     from npudoctor import checks as package
+    from npudoctor.registry import discover
 
-    found: dict[str, Check] = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        check = getattr(module, "CHECK", None)
-        if isinstance(check, Check):
-            if check.id in found:
-                raise RuntimeError(f"duplicate check id {check.id} in {info.name}")
-            found[check.id] = check
-    return [found[key] for key in sorted(found)]
+    return discover(package, "CHECK", Check)
 
 
 def run_checks(

@@ -227,16 +227,9 @@ def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -
 def all_fixes() -> list[Fix]:
     """Every fix module in ``npudoctor.fixes``, ordered by id."""
     from npudoctor import fixes as package
+    from npudoctor.registry import discover
 
-    found: dict[str, Fix] = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        fix = getattr(module, "FIX", None)
-        if isinstance(fix, Fix):
-            if fix.id in found:
-                raise RuntimeError(f"duplicate fix id {fix.id} in {info.name}")
-            found[fix.id] = fix
-    return [found[key] for key in sorted(found)]
+    return discover(package, "FIX", Fix)
 
 
 def fix_by_id(fix_id: str) -> Fix:

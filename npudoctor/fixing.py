@@ -22,6 +22,7 @@ from npudoctor.deployment import Deployment
 from npudoctor.errors import InputError
 from npudoctor.fix import Action, Decision, Fix, all_fixes, decide
 from npudoctor.redact import redact_argv
+from npudoctor.registry import select
 from npudoctor.target import Target
 
 SCHEMA = 1
@@ -35,15 +36,7 @@ class Planned:
 
 
 def select_fixes(ids: list[str]) -> list[Fix]:
-    fixes = all_fixes()
-    if not ids:
-        return fixes
-    known = {f.id: f for f in fixes}
-    wanted = [i.strip().upper() for i in ids]
-    unknown = [i for i in wanted if i not in known]
-    if unknown:
-        raise InputError(f"--select: no fix for {', '.join(unknown)} (fixes: {', '.join(known)})")
-    return [known[i] for i in dict.fromkeys(wanted)]
+    return select(all_fixes(), ids, "fix")
 
 
 def plan(fixes: list[Fix], target: Target, deploy: Deployment, allow_unsafe: bool) -> list[Planned]:

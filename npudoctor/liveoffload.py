@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from npudoctor.facts import ModelFacts, RoleFacts
-from npudoctor.livepools import CannotBuild
+from npudoctor.livepools import CannotBuild, construct
 from npudoctor.results import Location
 from npudoctor.signatures import names_read
 
@@ -180,20 +180,6 @@ def build_allocator(cls: type, pool: Any, role: RoleFacts) -> Any:
             "need_sort": role.disaggregation_mode in ("decode", "prefill"),
         },
     )
-
-
-def construct(cls: type, known: dict[str, Any]) -> Any:
-    """``cls(**known)`` restricted to the parameters its constructor has; a required one that
-    ``known`` lacks is reported (``CannotBuild``), never guessed."""
-    kwargs = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if name in known:
-            kwargs[name] = known[name]
-        elif parameter.default is inspect.Parameter.empty:
-            raise CannotBuild(f"{cls.__name__}.__init__ needs {name!r}, which npudoctor cannot derive")
-    return cls(**kwargs)
 
 
 # Mamba state slots of a hybrid pool built here: a request's slot and the spare one.

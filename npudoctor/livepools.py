@@ -87,6 +87,13 @@ def build_pool(
         "enable_alt_stream": False,
         "enable_kv_cache_copy": False,
     }
+    return construct(cls, known)
+
+
+def construct(cls: type, known: dict[str, Any]) -> Any:
+    """``cls(**known)`` restricted to the parameters its constructor has; a required one that
+    ``known`` lacks is reported (``CannotBuild``), never guessed. Releases add and rename
+    constructor parameters; the signature decides what is passed."""
     kwargs = {}
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):

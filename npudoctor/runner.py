@@ -19,6 +19,7 @@ from npudoctor.check import Check, all_checks, run_checks
 from npudoctor.errors import InputError
 from npudoctor.launch import sglang_parser
 from npudoctor.redact import redact_result, redact_value
+from npudoctor.registry import select
 from npudoctor.results import Report, Status
 from npudoctor.target import discover
 
@@ -98,18 +99,13 @@ def _fix_plan(request: CheckRequest, target, facts) -> tuple[dict[str, dict[str,
         raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
     from npudoctor.fix import Action, all_fixes, decide
 
-    known = {f.id: f for f in all_fixes()}
-    wanted = [i.strip().upper() for i in request.with_fixes]
-    unknown = [i for i in wanted if i not in known]
-    if unknown:
-        raise InputError(f"--with-fix: no fix for {', '.join(unknown)} (fixes: {', '.join(known)})")
     plan, refused = {}, {}
-    for fix_id in dict.fromkeys(wanted):
-        decision = decide(known[fix_id], target, facts, allow_unsafe=True)
+    for fix in select(all_fixes(), request.with_fixes, "fix", option="--with-fix"):
+        decision = decide(fix, target, facts, allow_unsafe=True)
         if decision.action is Action.APPLY:
-            plan[fix_id] = decision.shape
+            plan[fix.id] = decision.shape
         else:
-            refused[fix_id] = f"{decision.action.value}: {decision.reason}"
+            refused[fix.id] = f"{decision.action.value}: {decision.reason}"
     return plan, refused
 
 
@@ -127,15 +123,7 @@ def _live_summary(outcome: live.LiveOutcome | None) -> dict | None:
 
 
 def select_checks(ids: list[str]) -> list[Check]:
-    checks = all_checks()
-    if not ids:
-        return checks
-    known = {c.id: c for c in checks}
-    wanted = [i.strip().upper() for i in ids]
-    unknown = [i for i in wanted if i not in known]
-    if unknown:
-        raise InputError(f"--select: unknown check id(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    return [known[i] for i in dict.fromkeys(wanted)]
+    return select(all_checks(), ids, "check")
 
 
 def load_deployment_from(config: Path | None) -> deployment.Deployment:
