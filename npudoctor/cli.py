@@ -72,6 +72,15 @@ class FailOn(str, Enum):
     warn = "warn"
 
 
+# Options `fix` and `run` share.
+FixSelection = Annotated[
+    list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
+]
+AllowUnsafe = Annotated[
+    bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
+]
+
+
 class Role(str, Enum):
     null = "null"
     prefill = "prefill"
@@ -211,12 +220,8 @@ def fix(
     status: Annotated[
         bool, typer.Option("--status", help="Show what is recorded and whether it still fits.")
     ] = False,
-    select: Annotated[
-        list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
-    ] = None,
-    unsafe: Annotated[
-        bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
-    ] = False,
+    select: FixSelection = None,
+    unsafe: AllowUnsafe = False,
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: assume the worst case.")
     ] = None,
@@ -360,12 +365,8 @@ def _fix_output(as_json: bool, data: dict, text: str) -> None:
 )
 def run(
     ctx: typer.Context,
-    select: Annotated[
-        list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
-    ] = None,
-    unsafe: Annotated[
-        bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
-    ] = False,
+    select: FixSelection = None,
+    unsafe: AllowUnsafe = False,
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: the launch command's.")
     ] = None,
