@@ -128,6 +128,43 @@ with simulated_npu():
         print(json.dumps(race({"upstream": pool.get_contiguous_buf_infos, "override": override})))
 """,
     ),
+    "NPD004": (
+        "0.5.13",
+        "qwen3-cp-prefill.yaml",
+        {},
+        "do_cp_attn_fia glue (kernel stubbed), 2 requests, CP rank 0 of 2, 16 q / 2 KV heads x 128",
+        r"""
+import types
+from npudoctor.fixes import npd004_cp_metadata_fields as fix
+with simulated_npu():
+    from sglang.srt.hardware_backend.npu.attention.ascend_backend import AscendAttnBackend
+    with npu_runtime():
+        def kernel(query, key, value, **kwargs):  # the glue is what differs, not the kernel
+            return torch.zeros(query.shape[0], kwargs["num_heads"], value.shape[-1] // kwargs["num_key_value_heads"]), None
+        torch.ops.npu = types.SimpleNamespace(npu_fused_infer_attention_score=kernel)
+        heads, kv_heads, dim, page = 16, 2, 128, 128
+        prev, nxt = [12, 40], [11, 39]  # local rows of each request's prev and next block
+        meta = types.SimpleNamespace(
+            total_q_prev_tokens=sum(prev), actual_seq_q_prev_list=prev, actual_seq_q_next_list=nxt,
+            kv_len_prev_list=[12, 173], kv_len_next_list=[45, 291],
+        )
+        backend = types.SimpleNamespace(
+            page_size=page, fia_mask=None,
+            forward_metadata=types.SimpleNamespace(block_tables=torch.zeros(2, 4, dtype=torch.int32)),
+        )
+        layer = types.SimpleNamespace(tp_q_head_num=heads, tp_k_head_num=kv_heads, tp_v_head_num=kv_heads,
+                                      qk_head_dim=dim, v_head_dim=dim, scaling=dim ** -0.5)
+        q = torch.randn(sum(prev) + sum(nxt), heads * dim)
+        cache = torch.zeros(8 * page, kv_heads, dim)
+        batch = types.SimpleNamespace(attn_cp_metadata=meta)
+        upstream = AscendAttnBackend.do_cp_attn_fia
+        override = _wrapper_of(upstream, fix.do_cp_attn_fia).__get__(backend, AscendAttnBackend)
+        print(json.dumps(race({
+            "upstream": lambda: upstream(backend, q, cache, cache, layer, batch),
+            "override": lambda: override(q, cache, cache, layer, batch),
+        })))
+""",
+    ),
     "NPD005": (
         "0.5.15",
         "deepseek-v3-pd.yaml",
