@@ -21,6 +21,7 @@ def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "npudoctor/checks/npd001_cpu_offload_roundtrip.py" in names
     assert "npudoctor/fixes/__init__.py" in names
+    assert "npudoctor/bootstrap/sitecustomize.py" in names  # what `npudoctor run` puts on PYTHONPATH
     assert not any(n.startswith(("checks/", "fixes/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "npudoctor = npudoctor.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
