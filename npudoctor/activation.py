@@ -111,10 +111,6 @@ def outcomes() -> dict[str, str]:
     return dict(_outcomes)
 
 
-def applied() -> list[str]:
-    return sorted(_installed)
-
-
 def revert(fix_ids: list[str] | None = None) -> list[str]:
     """Remove the wrappers of ``fix_ids`` (all by default); returns the ids reverted."""
     import wrapt
