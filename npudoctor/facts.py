@@ -164,10 +164,6 @@ class Facts:
     def described(self) -> bool:
         return self.model is not None or bool(self.roles)
 
-    @property
-    def is_disaggregated(self) -> bool:
-        return any(r.disaggregation_mode in ("prefill", "decode") for r in self.roles)
-
     def role(self, mode: str) -> RoleFacts | None:
         return next((r for r in self.roles if r.disaggregation_mode == mode), None)
 

@@ -20,6 +20,7 @@ import torch
 # sparse_mode values of npu_fused_infer_attention_score (CANN operator reference):
 # 0 = no mask beyond pre/next_tokens, 3 = rightDownCausal (causal, aligned to the end of the KV).
 _NO_MASK, _RIGHT_DOWN_CAUSAL = 0, 3
+_UNBOUNDED = 2147483647  # the default pre_tokens/next_tokens: no band
 
 
 def npu_fused_infer_attention_score(
@@ -32,8 +33,8 @@ def npu_fused_infer_attention_score(
     actual_seq_lengths_kv: Sequence[int] | None = None,
     num_heads: int = 1,
     scale: float = 1.0,
-    pre_tokens: int = 2147483647,
-    next_tokens: int = 2147483647,
+    pre_tokens: int = _UNBOUNDED,
+    next_tokens: int = _UNBOUNDED,
     input_layout: str = "BSH",
     num_key_value_heads: int = 0,
     sparse_mode: int = 0,
@@ -72,6 +73,11 @@ def npu_fused_infer_attention_score(
     ):
         raise NotImplementedError(
             f"CPU reference of npu_fused_infer_attention_score: sparse_mode={sparse_mode}"
+        )
+    if sparse_mode == _NO_MASK and (pre_tokens, next_tokens) != (_UNBOUNDED, _UNBOUNDED):
+        # in mode 0 these bound a band around the diagonal; mode 3 ignores them
+        raise NotImplementedError(
+            "CPU reference of npu_fused_infer_attention_score: a pre_tokens/next_tokens band in sparse_mode 0"
         )
     if actual_seq_lengths is None or actual_seq_lengths_kv is None:
         raise NotImplementedError(

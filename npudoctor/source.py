@@ -319,28 +319,6 @@ class SourceTree:
                 found.setdefault(use.name, use)
         return found
 
-    def construction_helpers(self, cls: ClassInfo) -> set[str]:
-        """Names of methods that any ``__init__`` in the MRO calls (run or skipped by ``cls``)."""
-        mro = self.mro(cls)
-        helpers: set[str] = set()
-        for klass in mro:
-            init = klass.methods.get("__init__")
-            if init is None:
-                continue
-            for call in _calls(init):
-                if _is_self(call.func.value):
-                    helpers.add(call.func.attr)
-        return helpers
-
-    def assignments_anywhere(self, cls: ClassInfo) -> dict[str, AttributeUse]:
-        """``self`` attributes assigned by any method of any class in the MRO."""
-        found: dict[str, AttributeUse] = {}
-        for klass in self.mro(cls):
-            for node in klass.methods.values():
-                for use in _self_assignments(MethodRef(klass, node)):
-                    found.setdefault(use.name, use)
-        return found
-
     def _reachable_methods(self, mro: list[ClassInfo], start: MethodRef) -> list[MethodRef]:
         """``start`` and every method it transitively calls on ``self`` (incl. via ``super()``)."""
         order: list[MethodRef] = []

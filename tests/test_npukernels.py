@@ -91,7 +91,13 @@ def test_a_wrong_cumulative_split_changes_the_answer():
 
 @pytest.mark.parametrize(
     "change",
-    [{"input_layout": "BSH"}, {"block_table": None}, {"sparse_mode": 2}, {"pse_shift": torch.zeros(1)}],
+    [
+        {"input_layout": "BSH"},
+        {"block_table": None},
+        {"sparse_mode": 2},
+        {"pse_shift": torch.zeros(1)},
+        {"sparse_mode": 0, "next_tokens": 0},
+    ],
 )
 def test_arguments_outside_the_modelled_subset_are_refused(change):
     q = torch.randn(4, HEADS, DIM)
