@@ -26,7 +26,6 @@ that waits for the first ``import sglang`` and enables the plan then, so importi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -154,6 +153,8 @@ def bootstrap() -> None:
 
 
 def _enable_file(path: str) -> None:
+    import json  # here, not at import: most interpreters the bootstrap runs in never need it
+
     try:
         with open(path, encoding="utf-8") as handle:
             enable(plan_of(json.load(handle)))

@@ -21,14 +21,14 @@ def _enable_npudoctor_fixes():
 
 
 def _run_shadowed_sitecustomize():
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     for entry in sys.path:
         directory = os.path.abspath(entry or os.getcwd())
         candidate = os.path.join(directory, "sitecustomize.py")
         if directory == here or not os.path.isfile(candidate):
             continue
+        import importlib.util  # only when there is one to run
+
         try:
             spec = importlib.util.spec_from_file_location("_shadowed_sitecustomize", candidate)
             spec.loader.exec_module(importlib.util.module_from_spec(spec))
