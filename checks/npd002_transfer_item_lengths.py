@@ -79,33 +79,7 @@ class TransferItemLengths(Check):
                     )
                     evidence.append(item)
                     {"fail": failing, "unknown": unbuilt, "pass": checked}[outcome].append(label)
-        names = tuple(r.name for r in roles)
-        if failing:
-            return Probe(
-                Status.FAIL,
-                f"{', '.join(failing)}: PD transfer items are not one page; decode would receive partial pages",
-                tuple(evidence),
-                assumptions,
-                names,
-            )
-        if unbuilt:
-            return Probe(
-                Status.WARN, "cannot tell: " + "; ".join(unbuilt), tuple(evidence), assumptions, names
-            )
-        if not any(r.use_fia for r in roles):
-            return Probe(
-                Status.SKIP,
-                f"{FIA_ENV} is off for every PD role: the page-major layout is in use (its items are one page)",
-                tuple(evidence),
-                assumptions,
-            )
-        return Probe(
-            Status.PASS,
-            "every PD transfer item is one page of its layer buffer",
-            tuple(evidence),
-            assumptions,
-            names,
-        )
+        return _verdict(roles, evidence, assumptions, failing, unbuilt)
 
     def static(self, target: Target, facts: Facts) -> Probe:
         roles, families, assumptions = _scope(facts)
@@ -135,23 +109,7 @@ class TransferItemLengths(Check):
                     label = f"{cls.name} ({role.name}, FIA {'on' if role.use_fia else 'off'})"
                     {"fail": failing, "unknown": unknown, "pass": checked}[outcome].append(label)
 
-        if failing:
-            return Probe(
-                Status.FAIL,
-                f"{', '.join(failing)}: PD transfer items are not one page; decode would receive partial pages",
-                tuple(evidence),
-                assumptions,
-                tuple(r.name for r in roles),
-            )
-        if unknown:
-            return Probe(
-                Status.WARN,
-                "cannot tell: " + "; ".join(unknown),
-                tuple(evidence),
-                assumptions,
-                tuple(r.name for r in roles),
-            )
-        if not checked:
+        if not (failing or unknown or checked):
             return Probe(
                 Status.SKIP,
                 f"the deployment's NPU pools ({', '.join(fia_independent)}) keep one layout whatever "
@@ -159,20 +117,42 @@ class TransferItemLengths(Check):
                 tuple(evidence),
                 assumptions,
             )
-        if not any(r.use_fia for r in roles):
-            return Probe(
-                Status.SKIP,
-                f"{FIA_ENV} is off for every PD role: the page-major layout is in use (its items are one page)",
-                tuple(evidence),
-                assumptions,
-            )
+        return _verdict(roles, evidence, assumptions, failing, unknown)
+
+
+def _verdict(
+    roles: list[RoleFacts],
+    evidence: list[Evidence],
+    assumptions: tuple[str, ...],
+    failing: list[str],
+    unknown: list[str],
+) -> Probe:
+    """The verdict both depths give from the pools they judged (labels of failing and undecided ones)."""
+    names = tuple(r.name for r in roles)
+    if failing:
         return Probe(
-            Status.PASS,
-            "every PD transfer item is one page of its layer buffer",
+            Status.FAIL,
+            f"{', '.join(failing)}: PD transfer items are not one page; decode would receive partial pages",
             tuple(evidence),
             assumptions,
-            tuple(r.name for r in roles),
+            names,
         )
+    if unknown:
+        return Probe(Status.WARN, "cannot tell: " + "; ".join(unknown), tuple(evidence), assumptions, names)
+    if not any(r.use_fia for r in roles):
+        return Probe(
+            Status.SKIP,
+            f"{FIA_ENV} is off for every PD role: the page-major layout is in use (its items are one page)",
+            tuple(evidence),
+            assumptions,
+        )
+    return Probe(
+        Status.PASS,
+        "every PD transfer item is one page of its layer buffer",
+        tuple(evidence),
+        assumptions,
+        names,
+    )
 
 
 def _scope(facts: Facts) -> tuple[list[RoleFacts], list[str], tuple[str, ...]]:

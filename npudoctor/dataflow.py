@@ -161,7 +161,7 @@ def module_function(tree: SourceTree, path: Path, name: str, _depth: int = 0) ->
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name:
-                    target = tree.module_path(_absolute_module(tree, path, stmt))
+                    target = tree.module_path(tree.absolute_module(path, stmt))
                     if target is not None and target != path:
                         return module_function(tree, target, alias.name, _depth + 1)
     return None
@@ -180,7 +180,7 @@ def is_imported_from_outside(tree: SourceTree, path: Path, name: str) -> bool:
         elif isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name:
-                    source = _absolute_module(tree, path, stmt)
+                    source = tree.absolute_module(path, stmt)
                     return (
                         tree.module_path(source) is None
                         and tree.module_path(f"{source}.{alias.name}") is None
@@ -393,7 +393,7 @@ def imported_module(tree: SourceTree, path: Path, name: str) -> Path | None:
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name:
-                    return tree.module_path(f"{_absolute_module(tree, path, stmt)}.{alias.name}")
+                    return tree.module_path(f"{tree.absolute_module(path, stmt)}.{alias.name}")
         elif isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if alias.asname == name:
@@ -581,16 +581,6 @@ def _flatten(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _flatten(block)
         else:
             yield stmt
-
-
-def _absolute_module(tree: SourceTree, path: Path, stmt: ast.ImportFrom) -> str:
-    if not stmt.level:
-        return stmt.module or ""
-    current = tree.module_name(path)
-    package = current if path.name == "__init__.py" else current.rpartition(".")[0]
-    for _ in range(stmt.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{stmt.module}" if stmt.module else package
 
 
 def _is_staticmethod(node: FunctionNode) -> bool:

@@ -601,7 +601,7 @@ def _bindings(tree: SourceTree, path: Path, names: set[str]) -> dict[str, tuple[
     found: dict[str, tuple[str, str]] = {}
     for node in ast.walk(module) if module is not None else ():
         if isinstance(node, ast.ImportFrom):
-            source = _absolute_module(tree, path, node)
+            source = tree.absolute_module(path, node)
             for alias in node.names:
                 bound = alias.asname or alias.name
                 if bound in names:
@@ -609,16 +609,6 @@ def _bindings(tree: SourceTree, path: Path, names: set[str]) -> dict[str, tuple[
     for name in names - set(found):
         found[name] = (tree.module_name(path), name)
     return found
-
-
-def _absolute_module(tree: SourceTree, path: Path, stmt: ast.ImportFrom) -> str:
-    if not stmt.level:
-        return stmt.module or ""
-    current = tree.module_name(path)
-    package = current if path.name == "__init__.py" else current.rpartition(".")[0]
-    for _ in range(stmt.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{stmt.module}" if stmt.module else package
 
 
 def _rename(expression: ast.expr, old: str, new: str) -> ast.expr:

@@ -167,6 +167,16 @@ class SourceTree:
             parts.pop()
         return ".".join(parts)
 
+    def absolute_module(self, path: Path, stmt: ast.ImportFrom) -> str:
+        """The module a ``from ... import`` statement in ``path`` names, relative levels resolved."""
+        if not stmt.level:
+            return stmt.module or ""
+        current = self.module_name(path)
+        package = current if path.name == "__init__.py" else current.rpartition(".")[0]
+        for _ in range(stmt.level - 1):
+            package = package.rpartition(".")[0]
+        return f"{package}.{stmt.module}" if stmt.module else package
+
     def module_path(self, module: str) -> Path | None:
         base = self.root.joinpath(*module.split("."))
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -209,7 +219,7 @@ class SourceTree:
             return None
         for stmt in _flatten_conditional(module.body):
             if isinstance(stmt, ast.ImportFrom) and stmt.module:
-                source = _absolute_module(self.module_name(module_path), stmt, module_path)
+                source = self.absolute_module(module_path, stmt)
                 for alias in stmt.names:
                     if (alias.asname or alias.name) == head:
                         if rest:  # from pkg import mod; mod.Class
@@ -378,15 +388,6 @@ def _flatten_conditional(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _flatten_conditional(block)
         else:
             yield stmt
-
-
-def _absolute_module(current: str, stmt: ast.ImportFrom, path: Path) -> str:
-    if not stmt.level:
-        return stmt.module or ""
-    package = current if path.name == "__init__.py" else current.rpartition(".")[0]
-    for _ in range(stmt.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{stmt.module}" if stmt.module else package
 
 
 def _is_self(node: ast.AST) -> bool:
