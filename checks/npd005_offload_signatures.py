@@ -149,16 +149,10 @@ class OffloadSignatures(Check):
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Bind every offload call to every override it can reach; rank offenders by the deployment's path."""
-        roles, families, assumptions = offload_scope(facts)
-        if not roles:
-            return Probe(
-                Status.SKIP,
-                "no role of this deployment offloads KV to CPU: only a PD decode server retracts "
-                "requests to host memory (get_cpu_copy/load_cpu_copy)",
-            )
-        sliding = bool(facts.model and facts.model.sliding_window)
-        hybrid = bool(facts.model and facts.model.hybrid_linear_layers)
-        return _OffloadGraph(target.tree).probe(families, sliding, hybrid, roles, assumptions)
+        scope = _path_scope(facts)
+        if isinstance(scope, Probe):
+            return scope
+        return _OffloadGraph(target.tree).probe(*scope)
 
     def live_imports(self) -> None:
         """Import the module of every class a decode server's offload path can hold (the static
@@ -178,17 +172,25 @@ class OffloadSignatures(Check):
         """Build the deployment's allocator and pools on CPU, call ``get_cpu_copy``/``load_cpu_copy``
         through the real chain with the keywords the installed callers pass, and record what every
         level receives (see ``_LiveProbe``)."""
-        roles, families, assumptions = offload_scope(facts)
-        if not roles:
-            return Probe(
-                Status.SKIP,
-                "no role of this deployment offloads KV to CPU: only a PD decode server retracts "
-                "requests to host memory (get_cpu_copy/load_cpu_copy)",
-            )
-        sliding = bool(facts.model and facts.model.sliding_window)
-        hybrid = bool(facts.model and facts.model.hybrid_linear_layers)
-        probe = _LiveProbe(_graph(target.tree.package_dir), facts)
-        return probe.run(families, sliding, hybrid, roles, assumptions)
+        scope = _path_scope(facts)
+        if isinstance(scope, Probe):
+            return scope
+        return _LiveProbe(_graph(target.tree.package_dir), facts).run(*scope)
+
+
+def _path_scope(facts: Facts):
+    """``(families, sliding, hybrid, roles, assumptions)`` of the offload path both depths
+    judge, or the skip when no role of the deployment offloads KV to CPU."""
+    roles, families, assumptions = offload_scope(facts)
+    if not roles:
+        return Probe(
+            Status.SKIP,
+            "no role of this deployment offloads KV to CPU: only a PD decode server retracts "
+            "requests to host memory (get_cpu_copy/load_cpu_copy)",
+        )
+    sliding = bool(facts.model and facts.model.sliding_window)
+    hybrid = bool(facts.model and facts.model.hybrid_linear_layers)
+    return families, sliding, hybrid, roles, assumptions
 
 
 @dataclass(eq=False)
