@@ -215,6 +215,7 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
     base = ("check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--format")
     outputs = {}
     for name in ("text", "json", "junit", "sarif", "github", "markdown"):
@@ -256,3 +257,15 @@ def test_static_depth_never_executes_torch(release, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().endswith("no torch")
+
+
+@pytest.mark.parametrize(("workspace", "prefix"), [("trees", "0.5.12/"), ("elsewhere", "")])
+def test_github_annotations_link_into_the_workspace(cli, release, tmp_path, monkeypatch, workspace, prefix):
+    """In a workflow whose workspace holds the checked tree, annotations name the file from the
+    workspace root, so GitHub links it; a tree elsewhere keeps the sglang-relative path."""
+    tree = release("0.5.12")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tree.parent if workspace == "trees" else tmp_path))
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    code, out, _ = cli("check", "--sglang-path", tree, "--config", DEEPSEEK_PD, "--format", "github")
+    assert code == 1
+    assert f"::error file={prefix}sglang/srt/mem_cache/memory_pool.py,line=1832," in out

@@ -7,6 +7,10 @@ runner expects (``%``, CR, LF in the message; additionally ``:`` and ``,`` in
 properties): an unescaped newline would end the command early and let check text
 inject workflow commands of its own. ``write_step_summary`` appends the Markdown table
 to ``$GITHUB_STEP_SUMMARY`` for the job summary page.
+
+Annotation paths are relative to the directory holding ``sglang/`` (as in every format);
+in a workflow (``$GITHUB_WORKSPACE`` set) whose workspace holds that directory (an unpacked
+wheel checked in CI), they are made relative to the workspace, so GitHub links the file.
 """
 
 from __future__ import annotations
@@ -31,17 +35,31 @@ def escape_property(value: object) -> str:
 
 
 def render(report: Report) -> str:
-    lines = [_annotation(r) for r in report.results if r.status in _COMMAND]
+    prefix = _workspace_prefix(report.target.path)
+    lines = [_annotation(r, prefix) for r in report.results if r.status in _COMMAND]
     lines.append(_summary(report))
     return "\n".join(lines) + "\n"
 
 
-def _annotation(result: Result) -> str:
+def _workspace_prefix(package_dir: str) -> str:
+    """The tree root (the directory holding ``sglang/``) relative to ``$GITHUB_WORKSPACE``, with
+    a trailing slash; empty outside a workflow or when the tree lies outside the workspace."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    if not workspace or not package_dir:
+        return ""
+    root = os.path.dirname(os.path.realpath(package_dir))
+    relative = os.path.relpath(root, os.path.realpath(workspace))
+    if relative == os.curdir:
+        return ""
+    return "" if relative.startswith(os.pardir) else relative.replace(os.sep, "/") + "/"
+
+
+def _annotation(result: Result, prefix: str = "") -> str:
     command = "notice" if result.ignored is not None else _COMMAND[result.status]
     properties = []
     first = result.evidence[0].location if result.evidence else None
     if first is not None:
-        properties.append(f"file={escape_property(first.path)}")
+        properties.append(f"file={escape_property(prefix + first.path)}")
         if first.line >= 1:
             properties.append(f"line={first.line}")
     properties.append(f"title={escape_property(f'{result.id} {result.title}')}")
