@@ -209,7 +209,10 @@ def _emit(report, format_name: str, output: Path | None) -> None:
         "Without --apply, --revert or --status: print the plan (what would be patched, where, "
         "why) and change nothing. Fixes are applied only where their check fails for the "
         "deployment and the code is a shape the fix was written for. Kill switch for every "
-        "process: NPUDOCTOR_DISABLE_FIXES=1.\n\n" + EXIT_CODES_HELP
+        "process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
+        "Exit codes: 0 done (plan shown, fixes recorded or reverted, status shown); 2 usage or "
+        "input error (unknown fix id, unwritable --site, damaged record); 3 internal error; "
+        "4 no sglang found."
     ),
 )
 def fix(
