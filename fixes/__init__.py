@@ -19,8 +19,9 @@ from pathlib import Path
 
 
 def apply(fix_ids: list[str] | None = None, *, config: str | Path | None = None, unsafe: bool = False):
-    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fix.Decision`` per fix."""
+    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fixing.Decision`` per fix."""
     from npudoctor import activation, fixing
+    from npudoctor.plan import plan_of
     from npudoctor.runner import load_deployment_from
     from npudoctor.target import discover
 
@@ -31,7 +32,7 @@ def apply(fix_ids: list[str] | None = None, *, config: str | Path | None = None,
         load_deployment_from(Path(config) if config is not None else None),
         unsafe,
     )
-    activation.enable(activation.plan_of(fixing.record_document(planned, target)))
+    activation.enable(plan_of(fixing.record_document(planned, target)))
     return [p.decision for p in planned]
 
 

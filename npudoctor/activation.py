@@ -5,7 +5,7 @@ the ``npudoctor run`` bootstrap), so it imports nothing heavy at import time and
 breaks its host: every failure is written once to stderr and the process goes on
 unpatched. ``NPUDOCTOR_DISABLE_FIXES=1`` turns every fix off.
 
-A *plan* is ``{fix id: shape}`` as ``npudoctor.fix.decide`` accepted it. ``enable(plan)``
+A *plan* is ``{fix id: shape}`` as ``npudoctor.fixing.decide`` accepted it (``npudoctor.plan``). ``enable(plan)``
 registers a post-import hook (wrapt) on each fix's modules; when the last of them is
 imported, the shape of the imported code is compared with the planned one and, only if
 they are equal, each site the fix installs in that code (``Fix.installs``) is wrapped with
@@ -73,38 +73,6 @@ def enable(plan: dict[str, dict[str, str]]) -> None:
             wrapt.register_post_import_hook(_hook(fix_id, shape, modules), module)
 
 
-_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-
-
-def plan_of(document: object) -> dict[str, dict[str, str]]:
-    """``{fix id: shape}`` of a record document (``npudoctor.fixing.record_document``).
-
-    The one place a plan read from a file (``npudoctor fix --apply``'s record, the plan of
-    ``npudoctor run``) is validated: ``ValueError`` names what is wrong, before anything is armed."""
-    import re  # here: the `npudoctor run` bootstrap imports this module in every interpreter
-
-    if not isinstance(document, dict) or not isinstance(document.get("fixes"), dict):
-        raise ValueError("not a fix record (no 'fixes' mapping)")
-    site = re.compile(f"{_IDENTIFIERS}:{_IDENTIFIERS}")
-    plan = {}
-    for fix_id, entry in document["fixes"].items():
-        if not isinstance(fix_id, str) or not re.fullmatch(r"NPD\d+", fix_id):
-            raise ValueError(f"not a fix id: {fix_id!r}"[:120])
-        shape = entry.get("shape") if isinstance(entry, dict) else None
-        if not isinstance(shape, dict) or not shape:
-            raise ValueError(f"{fix_id}: no 'shape' mapping")
-        for key, value in shape.items():
-            if not isinstance(key, str) or not site.fullmatch(key) or not isinstance(value, str):
-                raise ValueError(f"{fix_id}: not a 'module:Qual.name' site and its shape: {key!r}"[:160])
-        for key, kind in (("replaces", list), ("release", str)):
-            if entry.get(key) is not None and not isinstance(entry[key], kind):
-                raise ValueError(f"{fix_id}: '{key}' is not a {kind.__name__}")
-        if not all(isinstance(item, str) for item in entry.get("replaces") or ()):
-            raise ValueError(f"{fix_id}: 'replaces' lists something that is not a site")
-        plan[fix_id] = dict(shape)
-    return plan
-
-
 def outcomes() -> dict[str, str]:
     """What became of each fix enabled in this process so far."""
     return dict(_outcomes)
@@ -130,9 +98,9 @@ def revert(fix_ids: list[str] | None = None) -> list[str]:
 def sglang_plugin() -> None:
     """Entry point of the ``sglang.srt.plugins`` group: enable what ``npudoctor fix --apply`` recorded."""
     try:
-        from npudoctor.registration import read_plan
+        from npudoctor.plan import installed_plan
 
-        enable(read_plan())
+        enable(installed_plan())
     except Exception as error:
         say_once(f"runtime fixes not applied: {type(error).__name__}: {error}")
 
@@ -153,11 +121,10 @@ def bootstrap() -> None:
 
 
 def _enable_file(path: str) -> None:
-    import json  # here, not at import: most interpreters the bootstrap runs in never need it
+    from npudoctor.plan import read_file  # here, not at import: most interpreters never need it
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            enable(plan_of(json.load(handle)))
+        enable(read_file(path))
     except Exception as error:
         say_once(f"runtime fixes not applied: cannot read {path}: {type(error).__name__}: {error}")
 

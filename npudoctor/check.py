@@ -13,14 +13,13 @@ import dataclasses
 import gc
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from npudoctor.results import Depth, Evidence, Remediation, Result, Status
 
 if TYPE_CHECKING:
     from npudoctor.facts import Facts
-    from npudoctor.live import LiveOutcome
     from npudoctor.target import Target
 
 
@@ -33,6 +32,19 @@ class Probe:
     evidence: tuple[Evidence, ...] = ()
     assumptions: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+
+
+@dataclass
+class LiveOutcome:
+    """What the live child (``npudoctor.live``) reported: a probe or an error per check id, and what the run cost."""
+
+    probes: dict[str, Probe] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    unavailable: str | None = None  # why no live probe could run at all
+    import_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
+    fixes: dict[str, str] = field(default_factory=dict)  # runtime fix id -> "applied" or why not
 
 
 class Check:
@@ -206,10 +218,9 @@ class LiveProbeError(RuntimeError):
 
 def all_checks() -> list[Check]:
     """Every check module in ``npudoctor.checks``, ordered by id."""
-    from npudoctor import checks as package
     from npudoctor.registry import discover
 
-    return discover(package, "CHECK", Check)
+    return discover("npudoctor.checks", "CHECK", Check)
 
 
 def run_checks(

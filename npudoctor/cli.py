@@ -242,64 +242,86 @@ def fix(
     output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
 ) -> None:
     """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
-    from npudoctor import fixing, registration
-    from npudoctor.runner import load_deployment_from
     from npudoctor.target import discover
 
     if sum((apply, revert, status)) > 1:
         raise InputError("give at most one of --apply, --revert, --status")
     as_json = output_format is DataFormat.json
-    console = Console(highlight=False)
     if revert:
-        removed = registration.remove(site)
-        _fix_output(as_json, {"reverted": str(removed) if removed else None},
-                    f"removed {removed}" if removed else "nothing to revert: no fix is recorded in "
-                    f"{registration.site_dir(site)}")  # fmt: skip
+        _fix_revert(site, as_json)
+    elif status:
+        _fix_status(discover(sglang_path), site, as_json)
+    else:
+        from npudoctor import fixing
+        from npudoctor.runner import load_deployment_from
+
+        target = discover(sglang_path)
+        ids = [s for item in (select or []) for s in item.split(",") if s]
+        planned = fixing.plan(fixing.select_fixes(ids), target, load_deployment_from(config), unsafe)
+        if apply:
+            _fix_apply(target, planned, site, as_json)
+        else:
+            _fix_show_plan(planned, as_json)
+
+
+def _fix_revert(site: Path | None, as_json: bool) -> None:
+    """``fix --revert``: remove the record --apply wrote."""
+    from npudoctor import registration
+
+    removed = registration.remove(site)
+    _fix_output(as_json, {"reverted": str(removed) if removed else None},
+                f"removed {removed}" if removed else "nothing to revert: no fix is recorded in "
+                f"{registration.site_dir(site)}")  # fmt: skip
+
+
+def _fix_status(target, site: Path | None, as_json: bool) -> None:
+    """``fix --status``: what is recorded, and whether it still fits the installed sglang."""
+    from npudoctor import fixing, registration
+
+    document = registration.read(site)
+    if document is None:
+        _fix_output(as_json, {"recorded": None}, f"no fix is recorded in {registration.site_dir(site)}")
         return
-    target = discover(sglang_path)
-    if status:
-        document = registration.read(site)
-        if document is None:
-            _fix_output(as_json, {"recorded": None}, f"no fix is recorded in {registration.site_dir(site)}")
-            return
-        rows = fixing.status(document, target)
-        if as_json:
-            _fix_output(True, {"recorded": document, "status": [r.__dict__ for r in rows]}, "")
-            return
-        console.print(f"recorded in {registration.site_dir(site) / registration.DIST_INFO}")
-        _plugin_note(console, target)
-        for row in rows:
-            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+    rows = fixing.status(document, target)
+    if as_json:
+        _fix_output(True, {"recorded": document, "status": [r.__dict__ for r in rows]}, "")
         return
-    planned = fixing.plan(
-        fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
-        target,
-        load_deployment_from(config),
-        unsafe,
-    )
-    document = fixing.record_document(planned, target)
-    if apply:
-        if not document["fixes"]:
-            _fix_output(as_json, {"applied": [], "plan": _plan_json(planned)},
-                        "nothing to apply: " + "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned))  # fmt: skip
-            return
-        path = registration.write(document, site)
-        if as_json:
-            _fix_output(
-                True,
-                {"applied": sorted(document["fixes"]), "record": str(path), "plan": _plan_json(planned)},
-                "",
-            )
-            return
-        _print_plan(console, planned)
-        console.print(f"recorded {', '.join(sorted(document['fixes']))} in {path}")
-        _plugin_note(console, target)
-        return
+    console = Console(highlight=False)
+    console.print(f"recorded in {registration.site_dir(site) / registration.DIST_INFO}")
+    _plugin_note(console, target)
+    for row in rows:
+        console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+
+
+def _fix_show_plan(planned, as_json: bool) -> None:
+    """``fix``: the plan, nothing changed."""
     if as_json:
         _fix_output(True, {"plan": _plan_json(planned)}, "")
         return
+    console = Console(highlight=False)
     _print_plan(console, planned)
     console.print("nothing changed: `npudoctor fix --apply` records the fixes marked apply")
+
+
+def _fix_apply(target, planned, site: Path | None, as_json: bool) -> None:
+    """``fix --apply``: record the fixes the plan accepts where sglang's processes find them."""
+    from npudoctor import fixing, registration
+
+    document = fixing.record_document(planned, target)
+    if not document["fixes"]:
+        _fix_output(as_json, {"applied": [], "plan": _plan_json(planned)},
+                    "nothing to apply: " + "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned))  # fmt: skip
+        return
+    path = registration.write(document, site)
+    if as_json:
+        _fix_output(
+            True, {"applied": sorted(document["fixes"]), "record": str(path), "plan": _plan_json(planned)}, ""
+        )
+        return
+    console = Console(highlight=False)
+    _print_plan(console, planned)
+    console.print(f"recorded {', '.join(sorted(document['fixes']))} in {path}")
+    _plugin_note(console, target)
 
 
 def _plan_json(planned) -> list[dict]:

@@ -3,7 +3,7 @@
 A fix is the runtime side of one check (same id, one module in ``npudoctor/fixes/``, the
 repo's ``fixes/``, defining ``FIX = SomeFix()``). It names the functions it replaces
 (``replaces``) and the code its replacements rely on (``anchors``), the upstream pull
-request it ports and its safety. Before anything is patched, ``decide`` asks two
+request it ports and its safety. Before anything is patched, ``npudoctor.fixing.decide`` asks two
 questions of the target:
 
 1. does the target have the defect? The fix's own check must say ``fail`` at the static
@@ -34,7 +34,6 @@ import enum
 import hashlib
 import importlib
 import inspect
-import pkgutil
 import sys
 import textwrap
 from collections.abc import Callable
@@ -43,9 +42,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from npudoctor.check import Check
-    from npudoctor.facts import Facts
     from npudoctor.source import SourceTree
-    from npudoctor.target import Target
 
 MISSING = "missing"  # the shape of a site that does not exist in the target
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -150,98 +147,21 @@ class Fix:
         ]
 
 
-class Action(str, enum.Enum):
-    APPLY = "apply"
-    NOT_NEEDED = "not needed"
-    REFUSED = "refused"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What ``npudoctor fix`` would do with one fix on this target, and why."""
-
-    fix_id: str
-    action: Action
-    reason: str
-    shape: dict[str, str]
-    release: str | None = None  # the release whose shape matched
-    installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
-
-
-def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
-    """Apply only where the check finds the defect and the code is a shape the fix knows."""
-    from npudoctor.check import run_checks
-    from npudoctor.results import Status
-
-    [result] = run_checks([fix.check], target, facts, "static")  # a check that raises is an error result
-    if result.status in (Status.PASS, Status.SKIP):
-        return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
-    if result.status is not Status.FAIL:
-        return Decision(
-            fix.id,
-            Action.REFUSED,
-            f"{fix.id} could not confirm the defect ({result.status.value}: {result.summary})",
-            {},
-        )
-    shape = fix.shape_of_source(target.tree)
-    release = fix.known_release(shape)
-    if release is None:
-        differing = fix.differences(shape) or sorted(shape)
-        return Decision(
-            fix.id,
-            Action.REFUSED,
-            "the installed code is not a shape this fix was written for: "
-            + ", ".join(f"{site} ({shape[site]})" for site in differing)
-            + f" differ from sglang {', '.join(fix.written_for)}",
-            shape,
-        )
-    installs = fix.installs_in_source(target.tree)
-    if not installs:
-        return Decision(
-            fix.id,
-            Action.REFUSED,
-            f"{fix.id} fails here ({result.summary}), but none of the functions this fix replaces "
-            "needs it in this code",
-            shape,
-            release,
-        )
-    if fix.safety is Safety.UNSAFE and not allow_unsafe:
-        return Decision(
-            fix.id,
-            Action.REFUSED,
-            "changes behaviour of running code (unsafe): pass --unsafe to apply it",
-            shape,
-            release,
-            installs,
-        )
-    reason = f"{fix.id} fails here: {result.summary}"
-    if set(installs) != set(fix.replaces):
-        kept = [site.partition(":")[2] for site in fix.replaces if site not in installs]
-        reason += (
-            f"; replaces only {', '.join(site.partition(':')[2] for site in installs)} here "
-            f"({', '.join(kept)} already right in this code)"
-        )
-    return Decision(fix.id, Action.APPLY, reason, shape, release, installs)
-
-
 def all_fixes() -> list[Fix]:
     """Every fix module in ``npudoctor.fixes``, ordered by id."""
-    from npudoctor import fixes as package
     from npudoctor.registry import discover
 
-    return discover(package, "FIX", Fix)
+    return discover("npudoctor.fixes", "FIX", Fix)
 
 
 def fix_by_id(fix_id: str) -> Fix:
     """The fix with this id, importing only its own module (``npdXXX_*``)."""
-    from npudoctor import fixes as package
+    from npudoctor.registry import module_names
 
-    prefix = fix_id.lower() + "_"
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith(prefix):
-            fix = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "FIX", None)
-            if isinstance(fix, Fix) and fix.id == fix_id:
-                return fix
+    for name in module_names("npudoctor.fixes", prefix=fix_id.lower() + "_"):
+        fix = getattr(importlib.import_module(name), "FIX", None)
+        if isinstance(fix, Fix) and fix.id == fix_id:
+            return fix
     raise KeyError(f"no fix module for {fix_id}")
 
 

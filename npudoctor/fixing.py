@@ -8,6 +8,7 @@ same behaviour. Patching itself happens in the processes that run sglang
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import os
 import shutil
@@ -18,15 +19,89 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npudoctor import activation, registration
+from npudoctor.check import run_checks
 from npudoctor.deployment import Deployment
 from npudoctor.errors import InputError
-from npudoctor.fix import Action, Decision, Fix, all_fixes, decide
+from npudoctor.facts import Facts
+from npudoctor.fix import Fix, Safety, all_fixes
 from npudoctor.redact import redact_argv
 from npudoctor.registry import select
+from npudoctor.results import Status
 from npudoctor.target import Target
 
 SCHEMA = 1
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"  # holds the sitecustomize.py of `npudoctor run`
+
+
+class Action(str, enum.Enum):
+    APPLY = "apply"
+    NOT_NEEDED = "not needed"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``npudoctor fix`` would do with one fix on this target, and why."""
+
+    fix_id: str
+    action: Action
+    reason: str
+    shape: dict[str, str]
+    release: str | None = None  # the release whose shape matched
+    installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
+
+
+def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
+    """Apply only where the check finds the defect and the code is a shape the fix knows."""
+    [result] = run_checks([fix.check], target, facts, "static")  # a check that raises is an error result
+    if result.status in (Status.PASS, Status.SKIP):
+        return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
+    if result.status is not Status.FAIL:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} could not confirm the defect ({result.status.value}: {result.summary})",
+            {},
+        )
+    shape = fix.shape_of_source(target.tree)
+    release = fix.known_release(shape)
+    if release is None:
+        differing = fix.differences(shape) or sorted(shape)
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "the installed code is not a shape this fix was written for: "
+            + ", ".join(f"{site} ({shape[site]})" for site in differing)
+            + f" differ from sglang {', '.join(fix.written_for)}",
+            shape,
+        )
+    installs = fix.installs_in_source(target.tree)
+    if not installs:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} fails here ({result.summary}), but none of the functions this fix replaces "
+            "needs it in this code",
+            shape,
+            release,
+        )
+    if fix.safety is Safety.UNSAFE and not allow_unsafe:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "changes behaviour of running code (unsafe): pass --unsafe to apply it",
+            shape,
+            release,
+            installs,
+        )
+    reason = f"{fix.id} fails here: {result.summary}"
+    if set(installs) != set(fix.replaces):
+        kept = [site.partition(":")[2] for site in fix.replaces if site not in installs]
+        reason += (
+            f"; replaces only {', '.join(site.partition(':')[2] for site in installs)} here "
+            f"({', '.join(kept)} already right in this code)"
+        )
+    return Decision(fix.id, Action.APPLY, reason, shape, release, installs)
 
 
 @dataclass(frozen=True)

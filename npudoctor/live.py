@@ -24,27 +24,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from npudoctor.check import Check, Probe
+from npudoctor.check import Check, LiveOutcome
 from npudoctor.facts import Facts
 from npudoctor.target import Target
 
 # A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
 TIMEOUT_SECONDS = 600
-
-
-@dataclass
-class LiveOutcome:
-    """What the child reported: a probe or an error per check id, and what the run cost."""
-
-    probes: dict[str, Probe] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    unavailable: str | None = None  # why no live probe could run at all
-    import_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
-    import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
-    fixes: dict[str, str] = field(default_factory=dict)  # runtime fix id -> "applied" or why not
 
 
 def run(
@@ -58,7 +44,7 @@ def run(
 
     ``on_step`` is called (from a reader thread) with each step the child names:
     ``"import"`` while it imports sglang, then the id of each check it probes.
-    ``fixes`` is a plan of runtime fixes (``{id: shape}``, see ``npudoctor.fix.decide``)
+    ``fixes`` is a plan of runtime fixes (``{id: shape}``, see ``npudoctor.fixing.decide``)
     that the child enables before it imports sglang, as sglang's own processes would.
     """
     ids = [c.id for c in checks]
@@ -187,8 +173,7 @@ def _child() -> int:
 
 
 if __name__ == "__main__":
-    # run the child through the importable module, so pickled LiveOutcome objects name
-    # npudoctor.live.LiveOutcome, not __main__.LiveOutcome
+    # run the child through the importable module, so everything it pickles names its real module
     from npudoctor.live import _child as child
 
     sys.exit(child())

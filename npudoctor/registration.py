@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -27,10 +26,9 @@ import tempfile
 from pathlib import Path
 
 from npudoctor.errors import InputError
+from npudoctor.plan import DIST_NAME, PLAN_FILE, plan_of
 
-DIST_NAME = "npudoctor-fixes-activation"
 DIST_INFO = "npudoctor_fixes_activation-1.dist-info"
-PLAN_FILE = "npudoctor-fixes.json"
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "npudoctor"
 SITE_ENV = "NPUDOCTOR_SITE"  # where the record goes instead of this interpreter's site-packages
@@ -117,8 +115,6 @@ def read(site: Path | None = None) -> dict | None:
         raise InputError(
             f"{path}: unreadable fix record ({error}); `npudoctor fix --revert` removes it"
         ) from None
-    from npudoctor.activation import plan_of
-
     try:
         plan_of(document)  # what sglang's processes would read
     except ValueError as error:
@@ -127,17 +123,6 @@ def read(site: Path | None = None) -> dict | None:
 
 
 _FILES = ("METADATA", "entry_points.txt", PLAN_FILE, "INSTALLER", "RECORD")
-
-
-def read_plan() -> dict[str, dict[str, str]]:
-    """The plan of the record this interpreter's ``sglang.srt.plugins`` entry point comes from."""
-    distribution = importlib.metadata.distribution(DIST_NAME)
-    text = distribution.read_text(PLAN_FILE)
-    if text is None:
-        raise FileNotFoundError(f"{DIST_NAME} has no {PLAN_FILE}")
-    from npudoctor.activation import plan_of
-
-    return plan_of(json.loads(text))
 
 
 def _record(files: dict[str, str]) -> str:

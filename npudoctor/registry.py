@@ -1,11 +1,16 @@
 """Discovery of the one-module-per-id registries (``npudoctor.checks``, ``npudoctor.fixes``)
-and selection by id, shared so both behave alike."""
+and selection by id, shared so both behave alike.
+
+A registry is named, not imported: its modules import the engine (``npudoctor.check``,
+``npudoctor.fix``), so the engine finds them by name at run time, the way plugins are found,
+and npudoctor's import graph stays free of cycles (``tests/test_import_graph.py``)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
-from types import ModuleType
+from collections.abc import Iterator
 from typing import TypeVar
 
 from npudoctor.errors import InputError
@@ -13,15 +18,24 @@ from npudoctor.errors import InputError
 T = TypeVar("T")
 
 
-def discover(package: ModuleType, attribute: str, kind: type[T]) -> list[T]:
+def module_names(package: str, prefix: str = "") -> Iterator[str]:
+    """The full names of the modules and subpackages directly in ``package`` (not imported)
+    whose own name starts with ``prefix``."""
+    spec = importlib.util.find_spec(package)
+    for info in pkgutil.iter_modules(spec.submodule_search_locations or []):
+        if info.name.startswith(prefix):
+            yield f"{package}.{info.name}"
+
+
+def discover(package: str, attribute: str, kind: type[T]) -> list[T]:
     """The ``attribute`` object (an instance of ``kind``) of every module in ``package``, by id."""
     found: dict[str, T] = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+    for name in module_names(package):
+        module = importlib.import_module(name)
         item = getattr(module, attribute, None)
         if isinstance(item, kind):
             if item.id in found:  # type: ignore[attr-defined]
-                raise RuntimeError(f"duplicate id {item.id} in {info.name}")  # type: ignore[attr-defined]
+                raise RuntimeError(f"duplicate id {item.id} in {name}")  # type: ignore[attr-defined]
             found[item.id] = item  # type: ignore[attr-defined]
     return [found[key] for key in sorted(found)]
 

@@ -97,7 +97,8 @@ def _fix_plan(request: CheckRequest, target, facts) -> tuple[dict[str, dict[str,
         return {}, {}
     if request.depth == "static":
         raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
-    from npudoctor.fix import Action, all_fixes, decide
+    from npudoctor.fix import all_fixes
+    from npudoctor.fixing import Action, decide
 
     plan, refused = {}, {}
     for fix in select(all_fixes(), request.with_fixes, "fix", option="--with-fix"):

@@ -54,7 +54,8 @@ def _originals(fix) -> dict[str, int | None]:
 
 def inprocess(check_id: str, config: str) -> dict:
     from npudoctor import activation
-    from npudoctor.fix import Action, decide, fix_by_id
+    from npudoctor.fix import fix_by_id
+    from npudoctor.fixing import Action, decide
     from npudoctor.npusim import simulated_npu
     from npudoctor.target import discover
 

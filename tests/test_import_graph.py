@@ -1,0 +1,117 @@
+"""npudoctor's modules import each other without cycles.
+
+The graph is read with ``ast`` from the source (``npudoctor/``, ``checks/`` installed as
+``npudoctor.checks``, ``fixes/`` as ``npudoctor.fixes``): every ``import`` and ``from ... import``,
+also inside functions and under ``TYPE_CHECKING`` (a lazy import is still a dependency), relative
+imports resolved. A package's ``__init__`` is an edge only where a module imports it by name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {"npudoctor": REPO / "npudoctor", "npudoctor.checks": REPO / "checks", "npudoctor.fixes": REPO / "fixes"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The npudoctor modules ``name`` (at ``path``) imports, each resolved to a module of ``known``."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    assert "npudoctor.activation" in graph["npudoctor.fixing"]
+    assert "npudoctor.check" in graph["npudoctor.live"]
+    assert any(name.startswith("npudoctor.checks.npd001") for name in graph)
+    # a lazy import inside a function counts
+    assert "npudoctor.fix" in graph["npudoctor.activation"]
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": set(), "c": {"b"}}, []),
+        ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}, [["a", "b"], ["c", "d"]]),
+    ],
+)
+def test_cycles_are_found(graph, expected):
+    assert sorted(cycles(graph)) == expected
