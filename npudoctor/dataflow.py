@@ -10,7 +10,7 @@ functions and for objects passed between them, still without importing anything:
   (``module_function``, ``imported_module``), or tell that it is outside the tree (torch,
   numpy, builtins, a module-level logger: ``is_external_name``);
 * resolve a type annotation or a module-level alias (``X = Y``) to the classes it names
-  (``annotation_classes``, ``resolve_class``); the classes a function returns
+  (``annotation_classes``, ``SourceTree.resolve_class``); the classes a function returns
   (``return_classes``), a local or parameter holds (``name_classes``) or ``self.<attr>`` holds
   (``self_attribute_classes``); every subclass of a class in the tree (``subclasses``), for
   virtual dispatch through a base-class annotation; method lookup through the MRO, also for
@@ -42,9 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from npudoctor.source import ClassInfo, SourceTree
-
-FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+from npudoctor.source import ClassInfo, FunctionNode, SourceTree, flatten_conditional
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +93,7 @@ def functions_in(tree: SourceTree, path: Path) -> Iterator[FunctionRef]:
     module = tree.parse(path)
     if module is None:
         return
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield FunctionRef(stmt, path, tree)
     for cls in tree.classes_in(path):
@@ -154,10 +152,10 @@ def module_function(tree: SourceTree, path: Path, name: str, _depth: int = 0) ->
     module = tree.parse(path)
     if module is None:
         return None
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
             return FunctionRef(stmt, path, tree)
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name:
@@ -172,7 +170,7 @@ def is_imported_from_outside(tree: SourceTree, path: Path, name: str) -> bool:
     module = tree.parse(path)
     if module is None:
         return False
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
                 if (alias.asname or alias.name.split(".")[0]) == name:
@@ -189,13 +187,9 @@ def is_imported_from_outside(tree: SourceTree, path: Path, name: str) -> bool:
 
 
 # ----- classes -------------------------------------------------------------------------
-_TYPING_NAMES = {"Any", "Optional", "Union", "List", "Dict", "Tuple", "Set", "Callable", "Type", "Sequence"}
-
-
 class _Memo:
     def __init__(self) -> None:
         self.subclasses: dict[int, list[ClassInfo]] = {}
-        self.resolved: dict[tuple[Path, str], ClassInfo | None] = {}
         self.attributes: dict[int, set[str]] = {}
 
 
@@ -221,42 +215,6 @@ def lookup(
         node = klass.methods.get(method)
         if node is not None:
             return FunctionRef(node, klass.path, tree, owner=klass)
-    return None
-
-
-def resolve_class(tree: SourceTree, path: Path, name: str) -> ClassInfo | None:
-    """The class ``name`` denotes in the module at ``path``: a definition, an import,
-    a module-level alias ``name = Other`` or, failing those, the only class of that name."""
-    memo = _memo(tree)
-    key = (path, name)
-    if key not in memo.resolved:
-        memo.resolved[key] = _resolve_class(tree, path, name)
-    return memo.resolved[key]
-
-
-def _resolve_class(tree: SourceTree, path: Path, name: str) -> ClassInfo | None:
-    if name in _TYPING_NAMES or (("." not in name) and hasattr(builtins, name)):
-        return None
-    found = tree.resolve_name(path, name)
-    if found is not None:
-        return found
-    module = tree.parse(path)
-    if module is not None and "." not in name:
-        for stmt in _flatten(module.body):
-            if (
-                isinstance(stmt, ast.Assign)
-                and isinstance(stmt.value, (ast.Name, ast.Attribute))
-                and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
-            ):
-                target = ast.unparse(stmt.value)
-                if target != name:
-                    return tree.resolve_name(path, target)
-    if "." not in name:
-        candidates = [
-            c for f in tree.files_containing(f"class {name}") for c in tree.classes_in(f) if c.name == name
-        ]
-        if len(candidates) == 1:
-            return candidates[0]
     return None
 
 
@@ -286,7 +244,7 @@ def annotation_names(node: ast.expr | None) -> list[str]:
 def annotation_classes(tree: SourceTree, path: Path, node: ast.expr | None) -> list[ClassInfo]:
     found = []
     for name in annotation_names(node):
-        cls = resolve_class(tree, path, name)
+        cls = tree.resolve_class(path, name)
         if cls is not None and cls not in found:
             found.append(cls)
     return found
@@ -301,7 +259,7 @@ def return_classes(ref: FunctionRef) -> list[ClassInfo]:
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
             func = node.value.func
             if isinstance(func, (ast.Name, ast.Attribute)):
-                cls = resolve_class(ref.tree, ref.path, ast.unparse(func))
+                cls = ref.tree.resolve_class(ref.path, ast.unparse(func))
                 if cls is not None and cls not in found:
                     found.append(cls)
     return found
@@ -389,7 +347,7 @@ def imported_module(tree: SourceTree, path: Path, name: str) -> Path | None:
     module = tree.parse(path)
     if module is None:
         return None
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if (alias.asname or alias.name) == name:
@@ -408,7 +366,7 @@ def value_classes(tree: SourceTree, path: Path, value: ast.expr) -> list[ClassIn
         function = module_function(tree, path, value.func.id)
         if function is not None:
             return return_classes(function)
-        built = resolve_class(tree, path, value.func.id)
+        built = tree.resolve_class(path, value.func.id)
         if built is not None:
             return [built]
     return []
@@ -471,7 +429,7 @@ def is_external_name(tree: SourceTree, path: Path, name: str) -> bool:
     module = tree.parse(path)
     if module is None:
         return False
-    for stmt in _flatten(module.body):
+    for stmt in flatten_conditional(module.body):
         if isinstance(stmt, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in stmt.targets
         ):
@@ -569,18 +527,6 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     blocks.extend(h.body for h in getattr(stmt, "handlers", []))
     blocks.extend(c.body for c in getattr(stmt, "cases", []))
     return blocks
-
-
-def _flatten(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    for stmt in body:
-        if isinstance(stmt, ast.If):
-            yield from _flatten(stmt.body)
-            yield from _flatten(stmt.orelse)
-        elif isinstance(stmt, ast.Try):
-            for block in (stmt.body, stmt.orelse, stmt.finalbody, *(h.body for h in stmt.handlers)):
-                yield from _flatten(block)
-        else:
-            yield stmt
 
 
 def _is_staticmethod(node: FunctionNode) -> bool:

@@ -40,12 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
+from npudoctor.source import FunctionNode, SourceTree, body_without_docstring
+
 if TYPE_CHECKING:
     from npudoctor.check import Check
-    from npudoctor.source import SourceTree
 
 MISSING = "missing"  # the shape of a site that does not exist in the target
-FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 _Replacement = TypeVar("_Replacement", bound=Callable)
 
 
@@ -165,22 +165,17 @@ def fix_by_id(fix_id: str) -> Fix:
     raise KeyError(f"no fix module for {fix_id}")
 
 
-def shape_of_node(node: ast.AST) -> str:
+def shape_of_node(node: FunctionNode) -> str:
     """A short hash of a function's normalised ``ast``: no positions, comments or docstring."""
     node = _without_docstring(node)
     return hashlib.sha256(ast.dump(node, include_attributes=False).encode()).hexdigest()[:16]
 
 
-def _without_docstring(node: ast.AST) -> ast.AST:
-    body = getattr(node, "body", None)
-    if (
-        body
-        and isinstance(body[0], ast.Expr)
-        and isinstance(body[0].value, ast.Constant)
-        and isinstance(body[0].value.value, str)
-    ):
+def _without_docstring(node: FunctionNode) -> FunctionNode:
+    body = body_without_docstring(node)
+    if len(body) != len(node.body):
         node = ast.parse(ast.unparse(node)).body[0]  # a copy, the tree's node stays intact
-        node.body = node.body[1:] or [ast.Pass()]
+        node.body = body_without_docstring(node) or [ast.Pass()]
     return node
 
 

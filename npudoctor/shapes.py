@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from npudoctor.source import ClassInfo, MethodRef, SourceTree
+from npudoctor.source import ClassInfo, MethodRef, SourceTree, is_self
 
 
 class _Unknown:
@@ -235,7 +235,7 @@ class LayoutEvaluator:
             self._run(stmt.body, env, method)
 
     def _store(self, target: ast.expr, value: Any, env: _Env) -> None:
-        if isinstance(target, ast.Attribute) and _is_self(target.value):
+        if isinstance(target, ast.Attribute) and is_self(target.value):
             env.attrs[target.attr] = value
         elif isinstance(target, ast.Name):
             env.local[target.id] = value
@@ -278,7 +278,7 @@ class LayoutEvaluator:
         if isinstance(node, ast.Name):
             return env.local.get(node.id, Sym.atom(node.id))
         if isinstance(node, ast.Attribute):
-            if _is_self(node.value):
+            if is_self(node.value):
                 return self._self_attribute(node.attr, env)
             base = self._eval(node.value, env, method)
             if node.attr == "nbytes" and isinstance(base, Tensor):
@@ -336,7 +336,7 @@ class LayoutEvaluator:
             return self._factory(node, env, method)
         args = [self._eval(a, env, method) for a in node.args]
         kwargs = {k.arg: self._eval(k.value, env, method) for k in node.keywords if k.arg}
-        if _is_self(receiver):
+        if is_self(receiver):
             target = self.tree.lookup(self.mro, func.attr)
             return UNKNOWN if target is None else self._invoke(target, args, kwargs)
         if (
@@ -376,10 +376,6 @@ class LayoutEvaluator:
         if not all(isinstance(d, Sym) for d in dims):
             return UNKNOWN
         return Tensor(tuple(dims))
-
-
-def _is_self(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _binop(op: ast.operator, left: Any, right: Any) -> Any:

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-Function = ast.FunctionDef | ast.AsyncFunctionDef
+from npudoctor.source import FunctionNode, body_without_docstring
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ScopedCall:
 
     call: ast.Call
     class_node: ast.ClassDef | None
-    function: Function | None
+    function: FunctionNode | None
 
     @property
     def line(self) -> int:
@@ -89,7 +89,7 @@ def method_calls(
     with its innermost enclosing class and function. ``lines`` (sorted line numbers where the names
     occur in the text) lets the walk skip every subtree that spans none of them."""
     found: list[ScopedCall] = []
-    stack: list[tuple[ast.AST, ast.ClassDef | None, Function | None]] = [(module, None, None)]
+    stack: list[tuple[ast.AST, ast.ClassDef | None, FunctionNode | None]] = [(module, None, None)]
     while stack:
         node, class_node, function = stack.pop()
         for child in ast.iter_child_nodes(node):
@@ -164,24 +164,24 @@ def self_attribute(node: ast.expr) -> str | None:
     return None
 
 
-def signature_text(func: Function) -> str:
+def signature_text(func: FunctionNode) -> str:
     """``name(params)`` as written, e.g. ``get_cpu_copy(self, indices)``."""
     return f"{func.name}({ast.unparse(func.args)})"
 
 
-def _positional_params(func: Function, bound: bool) -> list[ast.arg]:
+def _positional_params(func: FunctionNode, bound: bool) -> list[ast.arg]:
     params = [*func.args.posonlyargs, *func.args.args]
     return params[1:] if bound and params else params
 
 
-def _defaults_from(func: Function, bound: bool) -> int:
+def _defaults_from(func: FunctionNode, bound: bool) -> int:
     """Index (into ``_positional_params``) of the first positional parameter with a default."""
     params = [*func.args.posonlyargs, *func.args.args]
     first_default = len(params) - len(func.args.defaults)
     return max(first_default - (1 if bound and params else 0), 0)
 
 
-def accepts_keyword(func: Function, name: str, bound: bool = True) -> bool:
+def accepts_keyword(func: FunctionNode, name: str, bound: bool = True) -> bool:
     """Whether ``func(..., name=x)`` binds the keyword: a named parameter or ``**kwargs``."""
     if func.args.kwarg is not None:
         return True
@@ -191,7 +191,7 @@ def accepts_keyword(func: Function, name: str, bound: bool = True) -> bool:
     return name in named
 
 
-def bind_errors(func: Function, shape: CallShape, bound: bool = True) -> list[str]:
+def bind_errors(func: FunctionNode, shape: CallShape, bound: bool = True) -> list[str]:
     """The ``TypeError`` messages CPython would raise binding a call of ``shape`` to ``func``
     (empty when it binds). ``bound``: called through an instance, so the first parameter is
     ``self``. Spread arguments (``*xs``, ``**kw``) make the check give the benefit of the doubt."""
@@ -233,7 +233,7 @@ def bind_errors(func: Function, shape: CallShape, bound: bool = True) -> list[st
     return errors
 
 
-def names_read(func: Function) -> set[str]:
+def names_read(func: FunctionNode) -> set[str]:
     """Every name the function body loads, nested scopes included (a closure that reads a
     parameter uses it)."""
     return {
@@ -244,21 +244,14 @@ def names_read(func: Function) -> set[str]:
     }
 
 
-def _body_without_docstring(func: Function) -> list[ast.stmt]:
-    body = list(func.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return body
-
-
-def only_raises(func: Function) -> bool:
+def only_raises(func: FunctionNode) -> bool:
     """The body (docstring and ``pass`` aside) is a single ``raise``: the method refuses the
     operation whatever it is passed."""
-    body = [s for s in _body_without_docstring(func) if not isinstance(s, ast.Pass)]
+    body = [s for s in body_without_docstring(func) if not isinstance(s, ast.Pass)]
     return len(body) == 1 and isinstance(body[0], ast.Raise)
 
 
-def is_single_call_body(func: Function, call: ast.Call) -> bool:
+def is_single_call_body(func: FunctionNode, call: ast.Call) -> bool:
     """The body is just ``return <call>`` or ``<call>``: a pure forwarder."""
-    body = _body_without_docstring(func)
+    body = body_without_docstring(func)
     return len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) and body[0].value is call

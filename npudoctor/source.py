@@ -18,6 +18,7 @@ test on the raw bytes picks the few files worth parsing.
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from functools import cached_property
 from pathlib import Path
 
 # Bases that define no instance attributes a check could care about; never searched for.
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+_TYPING_NAMES = {"Any", "Optional", "Union", "List", "Dict", "Tuple", "Set", "Callable", "Type", "Sequence"}
 INERT_BASES = frozenset(
     {"object", "ABC", "abc.ABC", "Generic", "Protocol", "enum.Enum", "Enum", "IntEnum", "enum.IntEnum"}
 )
@@ -51,7 +55,7 @@ class ClassInfo:
     @cached_property
     def methods(self) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
         found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-        for stmt in _flatten_conditional(self.node.body):
+        for stmt in flatten_conditional(self.node.body):
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 found[stmt.name] = stmt
         return found
@@ -60,7 +64,7 @@ class ClassInfo:
     def class_attributes(self) -> set[str]:
         """Names bound in the class body: methods, properties, class variables."""
         names = set(self.methods)
-        for stmt in _flatten_conditional(self.node.body):
+        for stmt in flatten_conditional(self.node.body):
             if isinstance(stmt, ast.Assign):
                 for target in stmt.targets:
                     names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
@@ -119,6 +123,7 @@ class SourceTree:
         self._containing: dict[tuple[str, str], list[Path]] = {}
         self._bases: dict[int, list[ClassInfo | str]] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
+        self._resolved: dict[tuple[Path, str], ClassInfo | None] = {}
 
     # ----- files -------------------------------------------------------------------
     @cached_property
@@ -191,7 +196,7 @@ class SourceTree:
             found = []
             if module is not None:
                 name = self.module_name(path)
-                for stmt in _flatten_conditional(module.body):
+                for stmt in flatten_conditional(module.body):
                     if isinstance(stmt, ast.ClassDef):
                         found.append(ClassInfo(stmt.name, name, path, stmt, self))
             self._classes_by_file[path] = found
@@ -217,7 +222,7 @@ class SourceTree:
         module = self.parse(module_path)
         if module is None:
             return None
-        for stmt in _flatten_conditional(module.body):
+        for stmt in flatten_conditional(module.body):
             if isinstance(stmt, ast.ImportFrom) and stmt.module:
                 source = self.absolute_module(module_path, stmt)
                 for alias in stmt.names:
@@ -242,6 +247,41 @@ class SourceTree:
                     target = self.module_path(real)
                     if target is not None:
                         return self.resolve_name(target, class_name, _depth + 1)
+        return None
+
+    def resolve_class(self, module_path: Path, name: str) -> ClassInfo | None:
+        """The class ``name`` denotes in the module at ``module_path``, more leniently than
+        ``resolve_name``: a definition or an import, a module-level alias ``name = Other`` or,
+        failing those, the only class of that name in the tree (typing names and builtins are
+        never sglang classes)."""
+        key = (module_path, name)
+        if key not in self._resolved:
+            self._resolved[key] = self._resolve_class(module_path, name)
+        return self._resolved[key]
+
+    def _resolve_class(self, path: Path, name: str) -> ClassInfo | None:
+        if name in _TYPING_NAMES or (("." not in name) and hasattr(builtins, name)):
+            return None
+        found = self.resolve_name(path, name)
+        if found is not None:
+            return found
+        module = self.parse(path)
+        if module is not None and "." not in name:
+            for stmt in flatten_conditional(module.body):
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and isinstance(stmt.value, (ast.Name, ast.Attribute))
+                    and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+                ):
+                    target = ast.unparse(stmt.value)
+                    if target != name:
+                        return self.resolve_name(path, target)
+        if "." not in name:
+            candidates = [
+                c for f in self.files_containing(f"class {name}") for c in self.classes_in(f) if c.name == name
+            ]
+            if len(candidates) == 1:
+                return candidates[0]
         return None
 
     def bases(self, cls: ClassInfo) -> list[ClassInfo | str]:
@@ -351,7 +391,7 @@ class SourceTree:
     def _call_target(self, mro, index, caller: MethodRef, call: ast.Call) -> MethodRef | None:
         func = call.func
         receiver = func.value
-        if _is_self(receiver):
+        if is_self(receiver):
             return self.lookup(mro, func.attr)
         if (
             isinstance(receiver, ast.Call)
@@ -366,7 +406,7 @@ class SourceTree:
             if position is None:
                 position = next((i for i, c in enumerate(mro) if c.name == after.name), None)
             return None if position is None else self.lookup(mro, func.attr, position + 1)
-        if call.args and _is_self(call.args[0]) and isinstance(receiver, (ast.Name, ast.Attribute)):
+        if call.args and is_self(call.args[0]) and isinstance(receiver, (ast.Name, ast.Attribute)):
             named = self.resolve_name(caller.owner.path, ast.unparse(receiver))  # Base.method(self, ...)
             if named is not None:
                 position = index.get(id(named))
@@ -377,21 +417,35 @@ class SourceTree:
         return None
 
 
-def _flatten_conditional(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+def flatten_conditional(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """Statements of a module or class body, looking into ``if``/``try`` blocks."""
     for stmt in body:
         if isinstance(stmt, ast.If):
-            yield from _flatten_conditional(stmt.body)
-            yield from _flatten_conditional(stmt.orelse)
+            yield from flatten_conditional(stmt.body)
+            yield from flatten_conditional(stmt.orelse)
         elif isinstance(stmt, ast.Try):
             for block in (stmt.body, stmt.orelse, stmt.finalbody, *(h.body for h in stmt.handlers)):
-                yield from _flatten_conditional(block)
+                yield from flatten_conditional(block)
         else:
             yield stmt
 
 
-def _is_self(node: ast.AST) -> bool:
+def is_self(node: ast.AST) -> bool:
+    """``node`` is the name ``self``."""
     return isinstance(node, ast.Name) and node.id == "self"
+
+
+def body_without_docstring(func: FunctionNode) -> list[ast.stmt]:
+    """The statements of ``func``'s body after its docstring, if it has one."""
+    body = list(func.body)
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    return body
 
 
 def _own_nodes(func: ast.AST) -> list[ast.AST]:
@@ -416,14 +470,14 @@ def _calls(func: ast.AST) -> Iterator[ast.Call]:
 
 def _self_assignments(ref: MethodRef) -> Iterator[AttributeUse]:
     for node in _own_nodes(ref.node):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_self(node.value):
             yield AttributeUse(node.attr, ref, node.lineno)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id == "setattr"
             and len(node.args) >= 2
-            and _is_self(node.args[0])
+            and is_self(node.args[0])
             and isinstance(node.args[1], ast.Constant)
             and isinstance(node.args[1].value, str)
         ):
@@ -438,14 +492,14 @@ def _self_reads(ref: MethodRef) -> Iterator[AttributeUse]:
         and isinstance(node.func, ast.Name)
         and node.func.id in ("hasattr", "getattr")
         and len(node.args) >= 2
-        and _is_self(node.args[0])
+        and is_self(node.args[0])
         and isinstance(node.args[1], ast.Constant)
     }
     for node in _own_nodes(ref.node):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Load)
-            and _is_self(node.value)
+            and is_self(node.value)
             and node.attr not in guarded
         ):
             yield AttributeUse(node.attr, ref, node.lineno)

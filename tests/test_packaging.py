@@ -19,7 +19,10 @@ def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):
     )
     [wheel] = tmp_path.glob("npudoctor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "npudoctor/checks/npd001_cpu_offload_roundtrip.py" in names
+    assert "npudoctor/checks/npd001_cpu_offload_roundtrip/__init__.py" in names
+    # every file of every check folder ships (adding a check is adding a folder, nothing else)
+    for path in sorted((REPO / "checks").glob("*/*.py")):
+        assert f"npudoctor/checks/{path.parent.name}/{path.name}" in names, path
     assert "npudoctor/fixes/__init__.py" in names
     assert "npudoctor/bootstrap/sitecustomize.py" in names  # what `npudoctor run` puts on PYTHONPATH
     assert not any(n.startswith(("checks/", "fixes/", "tests/")) for n in names)
