@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The README's second command: install npudoctor[test] into .venv and run the whole test suite
-# against real sglang releases (fetched from PyPI into .cache/sglang on first use).
+# against real sglang releases (fetched from PyPI into .cache/sglang on first use), on every core
+# (pytest-xdist). Extra arguments go to pytest: `./scripts/test.sh -m "not slow"` is the quick tier.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 status=0
-python -m pytest -q "$@" || status=$?
+python -m pytest -q -n auto --dist worksteal "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1

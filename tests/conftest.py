@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -31,6 +34,24 @@ TRUTH = yaml.safe_load(TRUTH_FILE.read_text())
 RELEASES = sorted(TRUTH["releases"], key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
+# The quick tier (`-m "not slow"`) runs the live probes on these states only: together a buggy
+# state for every check (0.5.9: NPD001-NPD003, 0.5.13: NPD005, the cp-gap state: NPD004) and a
+# fixed one (the newest); every other state of a sweep is marked slow.
+QUICK_STATES = ("0.5.9", "0.5.13", "0.5.13+cp-gap", RELEASES[-1])
+
+
+def sweep(states, quick=QUICK_STATES) -> list:
+    """Parameters over ``states`` (or tuples whose first item is a state) for a test that costs a
+    live run or a child interpreter per state: those in ``quick`` run in the quick tier, the others
+    are marked slow."""
+    return [
+        value
+        if (value[0] if isinstance(value, tuple) else value) in quick
+        else pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow)
+        for value in states
+    ]
+
+
 def truth_verdict(version: str, check_id: str) -> str:
     return TRUTH["releases"][version][check_id]["verdict"]
 
@@ -47,9 +68,33 @@ def truth_locations(version: str, check_id: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def release():
-    """``release("0.5.12")`` -> directory holding that release's ``sglang/`` (fetched once, cached)."""
-    return fetch_sglang.fetch
+def shared_dir(tmp_path_factory, worker_id) -> Path:
+    """A directory every pytest-xdist worker of this run shares (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path):
+    """Hold an exclusive lock on ``lock`` (a file), across the xdist workers."""
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def release(shared_dir):
+    """``release("0.5.12")`` -> directory holding that release's ``sglang/`` (fetched once, cached;
+    one xdist worker fetches while the others wait)."""
+
+    def fetch(version: str) -> Path:
+        with exclusive(shared_dir / f"fetch-{version}.lock"):
+            return fetch_sglang.fetch(version)
+
+    return fetch
 
 
 def overlay_tree(tree: Path, destination: Path) -> Path:
@@ -158,28 +203,30 @@ def cli(capsys):
 
 
 @pytest.fixture(scope="session")
-def live_report(subject, tmp_path_factory):
+def live_report(subject, shared_dir):
     """``live_report(version, config, *extra)`` -> the JSON report of ``npudoctor check --depth
     live`` with every check on that release (or synthetic state, see ``subject``), run once per
-    distinct request and shared by the tests (each live run imports sglang in a child: ~10 s).
-    ``config`` is a deployment YAML or None (no deployment: the worst case); ``extra`` are
-    further ``check`` options."""
-    cache: dict[tuple, dict] = {}
-    reports = tmp_path_factory.mktemp("live-reports")
+    distinct request in the whole test run and shared by the tests, across xdist workers too
+    (each live run imports sglang in a child: ~10 s). ``config`` is a deployment YAML or None
+    (no deployment: the worst case); ``extra`` are further ``check`` options."""
+    reports = shared_dir / "live-reports"
+    reports.mkdir(exist_ok=True)
 
     def run(version: str, config: Path | str | None, *extra: str, depth: str = "live") -> dict:
-        key = (version, str(config), extra, depth)
-        if key not in cache:
-            output = reports / f"report-{len(cache)}.json"
-            argv = ["check", "--format", "json", "--depth", depth, "--sglang-path", str(subject(version))]
-            argv += ["--output", str(output)]
-            if config is not None:
-                argv += ["--config", str(config)]
-            code = main([*argv, *[str(e) for e in extra]])
-            if code not in (0, 1):
-                pytest.fail(f"npudoctor {' '.join(argv)} exited {code}")
-            cache[key] = json.loads(output.read_text())
-        return cache[key]
+        key = json.dumps([version, str(config), [str(e) for e in extra], depth])
+        output = reports / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+        with exclusive(output.with_suffix(".lock")):
+            if not output.is_file():
+                staging = output.with_suffix(".partial")
+                argv = ["check", "--format", "json", "--depth", depth, "--sglang-path", str(subject(version))]
+                argv += ["--output", str(staging)]
+                if config is not None:
+                    argv += ["--config", str(config)]
+                code = main([*argv, *[str(e) for e in extra]])
+                if code not in (0, 1):
+                    pytest.fail(f"npudoctor {' '.join(argv)} exited {code}")
+                staging.rename(output)
+        return json.loads(output.read_text())
 
     return run
 

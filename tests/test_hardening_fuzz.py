@@ -285,6 +285,7 @@ def write(path: Path, text: str) -> Path:
 SMALL_MODEL = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64}
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=deployments(), fmt=st.sampled_from(FORMATS))
 @example(data={"roles": {"decode": {"server_args": {"pp_size": "²"}}}}, fmt="json")  # isdigit() but not int()
@@ -328,6 +329,7 @@ YAML_PIECES = [
 ]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     pieces=st.lists(st.sampled_from(YAML_PIECES), min_size=1, max_size=3),
@@ -347,6 +349,7 @@ def test_fuzzed_yaml_text(tree, workdir, pieces, noise, fmt):
     check(tree, fmt, "--config", write(workdir / "raw.yaml", text))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     config=model_configs() | model_configs() | model_configs() | garbage,
@@ -413,12 +416,14 @@ def launch_commands(draw) -> list[str]:
     return argv
 
 
+@pytest.mark.slow
 @FUZZ
 @given(argv=launch_commands(), fmt=st.sampled_from(FORMATS))
 def test_fuzzed_launch_command(tree, argv, fmt):
     check(tree, fmt, "--", *argv)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     specs=st.lists(
@@ -436,6 +441,7 @@ def test_fuzzed_ignore_entries(tree, workdir, specs, entries, fmt):
     check(tree, fmt, "--config", deploy, *argv)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     env=st.lists(words | st.tuples(env_names, words).map("=".join), max_size=3),
