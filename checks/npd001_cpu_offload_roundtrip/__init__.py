@@ -1,0 +1,82 @@
+"""NPD001: the KV cache of the deployment's NPU pool survives a CPU offload and reload.
+
+A PD decode server that runs short of KV cache retracts requests and copies their KV
+to host memory (``Req.offload_kv_cache`` -> allocator -> pool ``get_cpu_copy``), then
+copies it back (``load_cpu_copy``). In sglang <= 0.5.12, ``NPUMLATokenToKVPool`` had no
+offload methods of its own: it inherited ``MLATokenToKVPool.get_cpu_copy``, which reads
+``self.kv_buffer``, an attribute the NPU pool never creates (it builds ``k_buffer``,
+``v_buffer`` and the optional ``index_k_buffer``, and skips ``MLATokenToKVPool.__init__``).
+The first retraction crashed the decode instance with ``AttributeError``
+(https://github.com/sgl-project/sglang/pull/25249).
+
+Static probe (the property, not the diff): for every NPU pool class of the
+deployment's attention family, the ``get_cpu_copy``/``load_cpu_copy`` the class resolves
+to through its MRO must not be an abstract stub and must read only attributes that
+building that class assigns (following ``__init__``, ``super()`` and helper calls the
+way Python runs them) or that its classes define.
+
+Live probe: build each NPU pool of the family for the decode role on CPU (the role's
+layers, heads, head dims, page size; a few pages), fill every KV buffer with random
+bits, ``get_cpu_copy`` a scattered set of token slots, ``load_cpu_copy`` it into other
+slots, and compare every layer and buffer bit for bit. The first mismatch or the
+exception is the evidence.
+"""
+
+from __future__ import annotations
+
+from npudoctor import livepools
+from npudoctor.check import Check, Probe
+from npudoctor.facts import Facts, RoleFacts
+from npudoctor.pools import offload_scope
+from npudoctor.results import Status
+from npudoctor.target import Target
+
+from .live import live_probe
+from .static import static_probe
+
+
+class CpuOffloadRoundTrip(Check):
+    id = "NPD001"
+    title = "KV cache CPU offload/reload round-trips on the NPU pool"
+    upstream = ("https://github.com/sgl-project/sglang/pull/25249",)
+    fixed_in = "0.5.13"
+    why = (
+        "A PD decode server under KV-cache pressure retracts requests and offloads their KV to "
+        "CPU. If the NPU pool's offload methods read buffers the pool never creates, the decode "
+        "instance dies with AttributeError at its first retraction, hours after launch."
+    )
+    bites_when = (
+        "Disaggregated decode role (--disaggregation-mode decode) on Ascend, when the KV cache "
+        "fills up and the scheduler retracts a request. MLA models (DeepSeek, GLM, Kimi) in the "
+        "known releases; any NPU pool whose offload methods do not match its buffers."
+    )
+    how_to_fix = (
+        "Upgrade sglang to a release whose NPU pools override get_cpu_copy/load_cpu_copy, or "
+        "apply the npudoctor runtime override for NPD001 (copies per layer through flattened "
+        "k/v/indexer views)."
+    )
+
+    def live_imports(self) -> None:
+        livepools.import_pool_modules()
+
+    def live(self, target: Target, facts: Facts) -> Probe:
+        roles, families, assumptions = offload_scope(facts)
+        if not roles:
+            return Probe(
+                Status.SKIP, "no role of this deployment offloads KV to CPU (only a PD decode server does)"
+            )
+        role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
+        return live_probe(facts, role, roles, families, assumptions)
+
+    def static(self, target: Target, facts: Facts) -> Probe:
+        roles, families, assumptions = offload_scope(facts)
+        if not roles:
+            return Probe(
+                Status.SKIP,
+                "no role of this deployment offloads KV to CPU: only a PD decode server does "
+                "(ScheduleBatch.release_req with disaggregation_mode == 'decode')",
+            )
+        return static_probe(target.tree, roles, families, assumptions)
+
+
+CHECK = CpuOffloadRoundTrip()
