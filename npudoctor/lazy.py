@@ -1,6 +1,6 @@
 """Modules imported on first use.
 
-The live depth's helpers (``npudoctor.livepools``, ``npudoctor.livecp``) need torch, and the
+The live depth's helpers (``npudoctor.livepools``, ``checks/npd004_cp_metadata_fields/live.py``) need torch, and the
 check modules import those helpers; the static depth must not pay for torch (1-2 s) when it
 never runs them. ``importlib.util.LazyLoader`` defers the module's execution to its first
 attribute access; an already imported module is returned as it is.

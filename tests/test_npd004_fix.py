@@ -33,7 +33,8 @@ BATCH = ((0, 45), (133, 158), (7, 61))  # (cached prefix, extend tokens)
 PROBE = """
 import json, sys
 from pathlib import Path
-from npudoctor import activation, livecp
+from npudoctor import activation
+from npudoctor.checks.npd004_cp_metadata_fields import live
 from npudoctor.check import all_checks
 from npudoctor.deployment import from_yaml
 from npudoctor.fix import Action, decide, fix_by_id
@@ -41,7 +42,7 @@ from npudoctor.npusim import npu_runtime, simulated_npu
 from npudoctor.target import discover
 
 batch, configs = json.loads(sys.argv[1]), sys.argv[2:]
-livecp.SEVERAL = tuple(livecp.Request(prefix=p, extend=e) for p, e in batch)
+live.SEVERAL = tuple(live.Request(prefix=p, extend=e) for p, e in batch)
 check = next(c for c in all_checks() if c.id == "NPD004")
 fix = fix_by_id("NPD004")
 

@@ -173,7 +173,7 @@ def test_0514_only_the_mla_pool_is_replaced(probe):
 def test_replacements_take_every_keyword_the_installed_callers_pass_to_a_pool(version, release):
     """The keyword set is NPD005's own reading of the installed source (every call that can reach
     a KV pool), not a list in the fix."""
-    from npudoctor.checks.npd005_offload_signatures import POOL, _OffloadGraph
+    from npudoctor.checks.npd005_offload_signatures.static import POOL, _OffloadGraph
 
     graph = _OffloadGraph(discover(release(version)).tree)
     passed = {k for site in graph.sites if site.family == POOL for k in site.shape.keywords}

@@ -1,35 +1,21 @@
-"""Run the installed NPU FIA context-parallel attention on CPU, for NPD004's live probe.
-
-NPD004 asks whether ``AscendAttnBackend.do_cp_attn_fia`` (the FIA context-parallel prefill
-attention for non-MLA models) computes the right attention for a batch of several requests
-(sglang#26705: it read scalar fields the CP metadata had dropped and split q at its midpoint).
-This module answers with data, the way one CP prefill would run on each CP rank:
-
-1. **The metadata comes from sglang's own preparation**, called the way the release calls it:
-   ``prepare_context_parallel_metadata`` (``layers/utils/cp_utils.py``, 0.5.11-0.5.15) by
-   evaluating the model's own call expression and the ``if`` tests around it (the model file
-   of the deployment's architecture, e.g. ``models/qwen3_moe.py``: ``can_cp_split(...)``
-   and the call's arguments), and ``prepare_cp_forward`` (``layers/cp/utils.py``, the CP
-   strategy of 0.5.15+: ``get_cp_strategy().build_metadata``) after its own ``assert``
-   preconditions. A precondition that refuses a batch of several requests is recorded
-   (0.5.11/0.5.12 admit one request per CP batch) and the batch shrinks to one request.
-2. **Each CP rank's local q** is taken from the full batch exactly as the zigzag layout
-   puts it, from the metadata's own ``split_list``/``zigzag_index`` (all requests' prev
-   blocks, then all requests' next blocks), and padded to the rank's physical length
-   where the metadata names one (0.5.23 ``per_rank_actual_token``).
-3. **The KV cache** is paged with the deployment's page size and holds each request's
-   full gathered sequence (cached prefix + extend tokens) in shuffled pages, with random
-   garbage everywhere else; the block table has one row per request.
-4. **The installed method runs** on an ``AscendAttnBackend`` made without its heavy
-   ``__init__`` (``object.__new__`` + the attributes the path reads: ``page_size``,
-   ``forward_metadata.block_tables``, ``fia_mask``, ``device``) with a layer carrying the
-   deployment's per-rank head counts and dims, under ``npu_runtime()`` (CPU reference of
-   ``npu_fused_infer_attention_score``) and ``accelerator_on_cpu()``.
-5. **Every output row is compared** with full causal attention computed independently
-   here (float64, plain torch) for the token the row belongs to.
-
-Nothing here decides a verdict; ``checks/npd004_cp_metadata_fields.py`` turns the
-outcomes into evidence.
+"""NPD004's live probe: run the installed NPU FIA context-parallel attention on CPU, on every
+CP rank, and judge it against causal attention computed independently.
+The batch's CP metadata comes from sglang's own preparation, called the way the release calls it:
+the model's ``prepare_context_parallel_metadata`` call (``layers/utils/cp_utils.py``,
+0.5.11-0.5.15), evaluated with the ``if`` tests around it in the model file of the deployment's
+architecture (e.g. ``can_cp_split(...)`` in ``models/qwen3_moe.py``), and the CP strategy's
+``prepare_cp_forward`` (``layers/cp/utils.py``, 0.5.15+: ``get_cp_strategy().build_metadata``)
+after its own ``assert`` preconditions; a precondition that refuses a batch of several requests
+is recorded (0.5.11/0.5.12 admit one request per CP batch) and the batch shrinks to one request.
+Each rank's local q is taken from the batch as the zigzag layout puts it, by the metadata's own
+``split_list``/``zigzag_index``, padded to the rank's physical length where the metadata names
+one (0.5.23 ``per_rank_actual_token``); the KV cache is paged with the deployment's page size and
+holds each request's full sequence (cached prefix + extend tokens) in shuffled pages, with random
+garbage everywhere else. The installed method runs on an ``AscendAttnBackend`` made without its
+heavy ``__init__`` (``object.__new__`` + the attributes the path reads) with a layer carrying the
+deployment's per-rank head counts and dims, under ``npu_runtime()`` (CPU reference of
+``npu_fused_infer_attention_score``) and ``accelerator_on_cpu()``, and every output row is
+compared with full causal attention of its token computed here (float64, plain torch).
 """
 
 from __future__ import annotations
@@ -51,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from npudoctor.check import Probe
 from npudoctor.dataflow import FunctionRef, calls_to, enclosing_tests, functions_named
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
-from npudoctor.results import Location
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import SourceTree
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
@@ -980,3 +967,244 @@ def backend_method(entry: FunctionRef) -> tuple[type, Any]:
     if function is None:
         raise CannotProbe(f"the imported {cls.__name__} has no {entry.name}")
     return cls, function
+
+
+# ----- the verdict ------------------------------------------------------------------------
+def probe(
+    tree: SourceTree,
+    model: ModelFacts | None,
+    entries: list[FunctionRef],
+    live_roles: list[RoleFacts],
+    roles: tuple[str, ...],
+    assumptions: tuple[str, ...],
+) -> Probe:
+    """Run every entry on CPU, for every role and every CP metadata preparation of the release
+    that serves ``model``, and judge each run."""
+    preparations = find_preparations(tree, model)
+    if not preparations:
+        return Probe(
+            Status.WARN,
+            "cannot tell live: no CP metadata preparation of this release was found",
+            (
+                Evidence(
+                    expected=f"sglang's CP metadata preparation ({MODEL_PREPARATION} called from "
+                    f"the model, or {STRATEGY_PREPARATION}) to build a batch's metadata",
+                    observed="none found under sglang/srt for this model: nothing to run the CP path with",
+                ),
+            ),
+            assumptions,
+            roles,
+        )
+    verdicts: list[LiveVerdict] = []
+    for role in live_roles:
+        dims = attention_dims(model, role)
+        for entry in entries:
+            try:
+                backend, function = backend_method(entry)
+            except (CannotProbe, ImportError) as reason:
+                verdicts.append(LiveVerdict(Status.WARN, _cannot_run(entry, str(reason))))
+                continue
+            for preparation in preparations:
+                run = run_preparation(backend, entry.name, preparation, role, dims)
+                verdicts.append(_judge_live(run, role, dims, entry, function))
+    return _live_probe(verdicts, entries[0], assumptions, roles)
+
+
+@dataclass(frozen=True)
+class LiveVerdict:
+    """One (role, entry, preparation) run judged: its status, its evidence, a summary part."""
+
+    status: Status
+    evidence: Evidence
+    summary: str = ""
+    ran: bool = False  # the CP path ran for a batch (pass or fail), not only set-up trouble
+
+
+def without_entry(scoped: Probe, entry_points: tuple[str, ...]) -> Probe:
+    """The live verdict where the check runs no path (``scoped``: a skip, or the static verdict on a
+    source without the FIA CP functions ``entry_points``): a pass (no such function) is confirmed on
+    the imported NPU backend classes; anything else stands as it is."""
+    if scoped.status is not Status.PASS:
+        return scoped
+    loaded = [
+        cls
+        for name, module in list(sys.modules.items())
+        if name.startswith("sglang.") and "npu" in name
+        for cls in vars(module).values()
+        if isinstance(cls, type) and cls.__module__ == name and "Backend" in cls.__name__
+    ]
+    having = [c for c in loaded if any(hasattr(c, e) for e in entry_points)]
+    if having:
+        return Probe(
+            Status.WARN,
+            f"static and live see different code: {having[0].__name__} has {'/'.join(entry_points)} once imported",
+            scoped.evidence,
+            scoped.assumptions,
+            scoped.roles,
+        )
+    names = ", ".join(sorted({c.__name__ for c in loaded})) or "none"
+    observed = (
+        scoped.evidence[0].observed + f"; live: the imported NPU backend classes ({names}) have none either"
+    )
+    return Probe(
+        Status.PASS,
+        scoped.summary,
+        (dataclasses.replace(scoped.evidence[0], observed=observed),),
+        scoped.assumptions,
+        scoped.roles,
+    )
+
+
+def _cannot_run(entry: FunctionRef, reason: str, location: Location | None = None) -> Evidence:
+    return Evidence(
+        expected=f"to run the installed {entry.qualname} on CPU",
+        observed=f"could not (live): {reason}",
+        location=location or Location(entry.relpath, entry.line, entry.qualname),
+    )
+
+
+def _batch_text(run: PreparationRun, dims: AttentionDims) -> str:
+    ranks = ", ".join(str(r) for r in range(dims.cp_size))
+    return f"batch of {describe(run.batch)}, CP ranks {ranks} of {dims.cp_size}, {dims}"
+
+
+def _refusal_text(run: PreparationRun) -> str:
+    if not run.refused_several:
+        return ""
+    gates = "; ".join(f"`{c.text}` ({c.location.path}:{c.location.line})" for c in run.refused_several)
+    return (
+        f". {gates} refused a batch of {len(SEVERAL)} requests (live): this release admits one "
+        f"request per CP batch, so the batch probed is one request"
+    )
+
+
+def _judge_live(
+    run: PreparationRun,
+    role: RoleFacts,
+    dims: AttentionDims,
+    entry: FunctionRef,
+    function: object,
+) -> LiveVerdict:
+    """A run's ranks -> pass (every row right), fail (a wrong row or a defect exception) or warn."""
+    preparation = run.preparation
+    if run.not_reached:
+        gates = "; ".join(f"`{c.text}` ({c.location.path}:{c.location.line})" for c in run.not_reached)
+        return LiveVerdict(
+            Status.SKIP,
+            Evidence(
+                expected=f"{preparation} to build CP metadata for role {role.name}",
+                observed=f"not used for this role (live): {gates} is false even for one request",
+                location=preparation.location,
+            ),
+        )
+    where = f"role {role.name}, metadata from {preparation}, {_batch_text(run, dims)}"
+    failed = [r for r in run.ranks if r.mismatch is not None or r.failure is not None]
+    if not failed:
+        worst = max(r.max_error for r in run.ranks)
+        rows = sum(r.rows for r in run.ranks)
+        return LiveVerdict(
+            Status.PASS,
+            Evidence(
+                expected=f"{entry.qualname} gives every request, zigzag block and head the output of full causal "
+                f"attention over the request's whole sequence (max abs error <= {TOLERANCE:g}; float32 "
+                "inputs, float64 reference)",
+                observed=f"live, CPU: {where}: every output row of every rank matches; max abs error {worst:.1e} "
+                f"over {rows} rows" + _refusal_text(run),
+                location=code_location(function),
+            ),
+            f"batch of {len(run.batch)} request{'s' if len(run.batch) > 1 else ''}"
+            + (", the most the release admits per CP batch" if run.refused_several else "")
+            + f", max abs error {worst:.1e}",
+            ran=True,
+        )
+    first = failed[0]
+    also = [r.rank for r in failed[1:]]
+    also_text = f"; {'rank' if len(also) == 1 else 'ranks'} {', '.join(map(str, also))} too" if also else ""
+    if first.mismatch is not None:
+        return _mismatch_verdict(run, first, entry, function, where, also_text)
+    failure = first.failure
+    defect = failure.stage == "attention" and (
+        failure.on_metadata or failure.kind not in ("AttributeError", "NotImplementedError", "CannotProbe")
+    )
+    if not defect:
+        return LiveVerdict(
+            Status.WARN,
+            _cannot_run(
+                entry,
+                f"{failure} during the {failure.stage} (CP rank {first.rank}; {where}){also_text}",
+                failure.location,
+            ),
+            f"cannot tell: {failure.kind} during the {failure.stage}",
+        )
+    what = (
+        f"reads only fields the CP metadata built by {preparation.name} defines"
+        if failure.on_metadata
+        else "runs for this batch"
+    )
+    return LiveVerdict(
+        Status.FAIL,
+        Evidence(
+            expected=f"{entry.qualname} {what}",
+            observed=f"{failure} (live, CPU, CP rank {first.rank}; {where}){also_text}",
+            location=failure.location,
+        ),
+        f"{failure.kind}: {failure.message}",
+        ran=True,
+    )
+
+
+def _mismatch_verdict(
+    run: PreparationRun,
+    rank: RankResult,
+    entry: FunctionRef,
+    function: object,
+    where: str,
+    also_text: str,
+) -> LiveVerdict:
+    m = rank.mismatch
+    request = run.batch[m.request]
+    return LiveVerdict(
+        Status.FAIL,
+        Evidence(
+            expected=f"request {m.request} ({request}) on CP rank {rank.rank}, zigzag block {m.block}, token at "
+            f"position {m.position}, head {m.head}: {m.expected:.6f}, as full causal attention gives",
+            observed=f"{entry.qualname} gave {m.got:.6f} (live, CPU); {m.wrong_rows} of {m.rows} rows of that "
+            f"rank differ by more than {TOLERANCE:g} (max abs error {rank.max_error:.3g}); {where}"
+            + also_text
+            + _refusal_text(run),
+            location=code_location(function),
+        ),
+        f"wrong attention for request {m.request} on CP rank {rank.rank} (max abs error {rank.max_error:.3g})",
+        ran=True,
+    )
+
+
+def _live_probe(
+    verdicts: list[LiveVerdict], entry: FunctionRef, assumptions: tuple[str, ...], roles: tuple[str, ...]
+) -> Probe:
+    evidence = tuple(v.evidence for v in verdicts)
+    statuses = {v.status for v in verdicts}
+    if Status.FAIL in statuses:
+        parts = list(dict.fromkeys(v.summary for v in verdicts if v.status is Status.FAIL))
+        return Probe(
+            Status.FAIL,
+            f"live: the FIA context-parallel attention path fails for a CP batch: {'; '.join(parts)}",
+            evidence,
+            assumptions,
+            roles,
+        )
+    if Status.WARN in statuses or not any(v.ran for v in verdicts):
+        parts = [v.summary for v in verdicts if v.status is Status.WARN] or [
+            "no CP metadata preparation admitted a batch for this deployment"
+        ]
+        return Probe(
+            Status.WARN, f"cannot tell live: {'; '.join(dict.fromkeys(parts))}", evidence, assumptions, roles
+        )
+    parts = list(dict.fromkeys(v.summary for v in verdicts if v.status is Status.PASS))
+    return Probe(
+        Status.PASS,
+        f"live: {entry.qualname} computes full causal attention on every CP rank ({'; '.join(parts)})",
+        evidence,
+        assumptions,
+        roles,
+    )

@@ -1,30 +1,7 @@
-"""Run sglang's real Ascend PD transfer-pointer mapping on CPU and decode what it would send.
-
-With pipeline parallelism on the prefill side, each prefill stage registers pointer lists
-for its own layers only, while decode registers the whole model (plus draft/MTP layers).
-The Ascend ``send_kvcache`` must pair every buffer a stage holds (K, V and the NSA
-indexer K of each of its layers) with the buffer of the same global layer and kind on
-decode; releases before https://github.com/sgl-project/sglang/pull/23893 did not.
-
-This module exercises that mapping for real, one prefill stage at a time:
-
-* the stage's layer range comes from sglang's own ``get_pp_indices`` (the partition the
-  model's ``make_layers`` uses, honouring ``SGLANG_PP_LAYER_PARTITION``);
-* both sides' pools are the real sglang NPU pool classes, built small on CPU
-  (``npudoctor.livepools``): the stage pool with its ``start_layer``/``end_layer``, the
-  decode pool with every layer and, when decode runs a draft model, a draft pool whose
-  pointers are appended, as ``_init_kv_manager`` in ``disaggregation/{prefill,decode}.py``
-  does;
-* ``kv_args`` are assembled the way those ``_init_kv_manager`` do, with sglang's own
-  ``get_kv_class`` for the classes and the installed ``setup_state_kv_args`` (0.5.12+) so
-  ``kv_buf_groups`` and the layer counts come from sglang's own producer;
-* the manager is the class ``get_kv_class`` returns for the ascend backend, created
-  without its networking ``__init__``; its transfer engine is a recorder of the
-  ``batch_transfer_sync`` calls ``_transfer_data`` makes in every release;
-* every recorded source and destination address is decoded back to (layer, kind) by the
-  address ranges of the pools' per-layer tensors, independently of the order in which
-  sglang registers them.
-"""
+"""NPD003's live probe: run sglang's real Ascend PD transfer-pointer mapping on CPU, one prefill
+PP stage at a time, with the real pools of both roles and a recording transfer engine; decode every
+address it would send back to (layer, kind) and judge whether the stage's buffers map one to one
+onto the same global layer and kind on decode."""
 
 from __future__ import annotations
 
@@ -32,6 +9,7 @@ import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import importlib
 import inspect
 import re
@@ -44,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from npudoctor import livepools
+from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
-from npudoctor.livecode import code_location, relative
-from npudoctor.results import Location
+from npudoctor.livecode import code_location, exception_evidence, raising_location, relative
+from npudoctor.results import Evidence, Location, Status
 
 UTILS_MODULE = "sglang.srt.disaggregation.utils"
 PP_MODULE = "sglang.srt.distributed.utils"
@@ -59,6 +38,7 @@ DECODE_PAGES = (2, 3, 1)
 # the runtime context's config namespaces (0.5.2x), the legacy global server args (<= 0.5.13)
 _UNPUBLISHED = re.compile(r"config namespace '\w+' not published|Global server args is not set yet")
 T = TypeVar("T")
+_SHOWN_PAIRS = 4  # wrong pairs quoted per stage
 
 
 def import_transfer_modules() -> None:
@@ -570,3 +550,269 @@ def _traced(path: list[Step]) -> Iterator[None]:
         yield
     finally:
         sys.setprofile(previous)
+
+
+def probe(
+    models: dict[str, ModelFacts],
+    assumed_models: bool,
+    prefill: RoleFacts,
+    decode: RoleFacts,
+    role_notes: list[str],
+    assumptions: tuple[str, ...],
+    roles: tuple[str, ...],
+) -> Probe:
+    """Run the installed ``send_kvcache`` for every prefill stage of each family's model (the
+    ``models`` are assumed ones when ``assumed_models``) and check every pair.
+
+    The mapping is exercised for real, one prefill stage at a time:
+
+    * the stage's layer range comes from sglang's own ``get_pp_indices`` (the partition the
+      model's ``make_layers`` uses, honouring ``SGLANG_PP_LAYER_PARTITION``);
+    * both sides' pools are the real sglang NPU pool classes, built small on CPU
+      (``npudoctor.livepools``): the stage pool with its ``start_layer``/``end_layer``, the
+      decode pool with every layer and, when decode runs a draft model, a draft pool whose
+      pointers are appended, as ``_init_kv_manager`` in ``disaggregation/{prefill,decode}.py``
+      does;
+    * ``kv_args`` are assembled the way those ``_init_kv_manager`` do, with sglang's own
+      ``get_kv_class`` for the classes and the installed ``setup_state_kv_args`` (0.5.12+) so
+      ``kv_buf_groups`` and the layer counts come from sglang's own producer;
+    * the manager is the class ``get_kv_class`` returns for the ascend backend, created
+      without its networking ``__init__``; its transfer engine is a recorder of the
+      ``batch_transfer_sync`` calls ``_transfer_data`` makes in every release;
+    * every recorded source and destination address is decoded back to (layer, kind) by the
+      address ranges of the pools' per-layer tensors, independently of the order in which
+      sglang registers them.
+    """
+    outcomes = []
+    notes = list(role_notes)
+    for family, model in models.items():
+        if prefill.pp_size > model.num_layers:  # the deployment's own model is checked on input
+            return Probe(
+                Status.WARN,
+                f"cannot tell: prefill pp_size {prefill.pp_size} exceeds the {model.num_layers} layers of "
+                f"the {model.source} model assumed without a model config: give the deployment's config.json",
+                assumptions=assumptions,
+                roles=roles,
+            )
+        if assumed_models:
+            notes.append(f"live: {family.upper()} model {model.source}")
+        outcomes.append(_live_family(family, model, prefill, decode))
+    findings = [f for outcome in outcomes for f in outcome.findings]
+    worst = max((s for s, _ in findings), key=lambda s: s.severity, default=Status.WARN)
+    notes += [n for outcome in outcomes for n in outcome.notes]
+    evidence = tuple(e for _, e in findings)
+    return Probe(worst, _live_summary(worst, outcomes), evidence, assumptions + tuple(notes), roles)
+
+
+@dataclass
+class _FamilyOutcome:
+    """One pool family's live findings (one per prefill stage), notes and one-line summary."""
+
+    findings: list[tuple[Status, Evidence]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: str = ""
+    crashes: list[str] = field(default_factory=list)  # sglang's PD bootstrap exceptions, by type
+
+
+def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: RoleFacts) -> _FamilyOutcome:
+    kind = family.upper()
+    cls = pool_class(family)
+    if cls is None:
+        evidence = Evidence(
+            expected=f"an NPU {kind} KV pool class in sglang",
+            observed="none is loaded from this release: its layout is not one npudoctor recognises",
+        )
+        return _FamilyOutcome([(Status.WARN, evidence)], summary=f"{kind}: no NPU pool class")
+    kv_args_class, manager_class = kv_classes()
+    ranges, split_at = livepools.in_role(prefill, lambda: stage_ranges(model.num_layers, prefill.pp_size))
+    stages = ", ".join(f"{start}-{end - 1}" for start, end in ranges)
+    outcome = _FamilyOutcome(
+        notes=[
+            f"live {kind}: prefill stages (layers {stages}) from sglang's get_pp_indices"
+            + (f" ({split_at.path}:{split_at.line})" if split_at else ""),
+            _producer_note(),
+        ]
+    )
+    probe = _StageProbe(cls, model, prefill, decode, kv_args_class, manager_class)
+    results: list[str] = []
+    try:
+        if decode.pp_size == 1:  # decode registers the whole model (+ draft) once for every stage
+            probe.decode_side = probe.side(decode, (0, model.num_layers), decode.draft_layers, 0)
+        for stage, layers in enumerate(ranges):
+            finding, result = probe.run(stage, layers)
+            outcome.findings.append(finding)
+            results.append(result)
+    except Exception as error:  # sglang cannot build this deployment's pools or kv_args
+        if not isinstance(error, livepools.CannotBuild) and raising_location(error) is None:
+            raise  # npudoctor's own bug: an error result, not a finding
+        outcome.findings.append((Status.WARN, _cannot_build(cls, error)))
+        results.append("not built")
+    finally:
+        probe.decode_side = None
+        gc.collect()
+    outcome.findings.extend(probe.bootstrap_findings())
+    outcome.crashes = sorted({type(error).__name__ for error in probe.bootstrap_errors.values()})
+    outcome.summary = f"{kind} " + ", ".join(results)
+    return outcome
+
+
+def _cannot_build(cls: type, error: Exception) -> Evidence:
+    expected = f"{cls.__name__} pools and kv_args for this deployment, as sglang builds them"
+    if isinstance(error, livepools.CannotBuild):
+        return Evidence(expected=expected, observed=str(error), location=code_location(cls, "__init__"))
+    return exception_evidence(expected, error)
+
+
+def _live_summary(worst: Status, outcomes: list[_FamilyOutcome]) -> str:
+    text = "; ".join(outcome.summary for outcome in outcomes)
+    crashes = sorted({c for outcome in outcomes for c in outcome.crashes})
+    if crashes:
+        text += (
+            f"; note: sglang's PD bootstrap itself raised ({', '.join(crashes)}) before any "
+            "transfer, a defect outside NPD003 (see evidence)"
+        )
+    if worst is Status.FAIL:
+        return f"PP prefill stages send KV into other layers' or kinds' buffers on decode (live): {text}"
+    if worst is Status.WARN:
+        return f"cannot tell whether the PP pointer mapping is right (live): {text}"
+    return f"every prefill PP stage's buffers land in the same layer and kind on decode (live): {text}"
+
+
+class _StageProbe:
+    """Builds each prefill stage (and, for decode PP > 1, the decode stage holding the same
+    layers), sends one request through the installed mapping and judges the pairs. Pools of a
+    stage are dropped before the next one is built, so a 61-layer model stays small."""
+
+    def __init__(self, cls, model, prefill, decode, kv_args_class, manager_class):
+        self.cls, self.model, self.prefill, self.decode = cls, model, prefill, decode
+        self.kv_args_class, self.manager_class = kv_args_class, manager_class
+        self.decode_side: Side | None = None
+        self.bootstrap_errors: dict[str, BaseException] = {}  # first per role
+
+    def bootstrap_findings(self) -> list[tuple[Status, Evidence]]:
+        """sglang's PD bootstrap raising while it registers *state* buffers: reported as observed,
+        but outside NPD003's property (state buffers do not go through ``send_kvcache``)."""
+        findings = []
+        for role, error in self.bootstrap_errors.items():
+            raised = exception_evidence("", error)
+            evidence = Evidence(
+                expected=(
+                    f"sglang's PD bootstrap ({role}: setup_state_kv_args) registers the pools' buffers; outside "
+                    "NPD003, whose KV mapping was then probed with the pool reporting no state buffers"
+                ),
+                observed=f"{raised.observed}: this deployment's {role} fails before any transfer",
+                location=raised.location,
+            )
+            findings.append((Status.PASS, evidence))
+        return findings
+
+    def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
+        """One role's pools and kv_args, built in the role's environment."""
+        built = livepools.in_role(
+            role,
+            lambda: build_side(self.cls, self.model, role, layers, draft_layers, self.kv_args_class, stage),
+        )
+        for error in built.bootstrap_errors:
+            self.bootstrap_errors.setdefault(role.name, error)
+        return built
+
+    def run(self, stage: int, layers: tuple[int, int]) -> tuple[tuple[Status, Evidence], str]:
+        """The stage's finding and its one-line result."""
+        label = f"stage {stage} (layers {layers[0]}-{layers[1] - 1})"
+        decode_side = self.decode_side
+        if decode_side is None:  # decode with the prefill's PP size: its last stage runs the draft
+            last = stage == self.prefill.pp_size - 1
+            decode_side = self.side(self.decode, layers, self.decode.draft_layers if last else 0, stage)
+        stage_side = self.side(self.prefill, layers, 0, stage)
+        is_mla = self.model.attention.is_mla
+        manager = stand_in_manager(self.manager_class, stage_side.kv_args, self.prefill, stage, is_mla)
+        try:
+            mapping = send_one_request(manager, stage, stage_side, decode_side, self.prefill)
+        except ShimGap as gap:
+            evidence = Evidence(
+                expected=f"{self.manager_class.__name__}.send_kvcache to run on npudoctor's stand-in manager",
+                observed=f"it reads {gap}, which npudoctor does not set: a manager shape it does not know",
+                location=code_location(self.manager_class, "send_kvcache"),
+            )
+            return (Status.WARN, evidence), f"{label}: not run"
+        finally:
+            del stage_side, decode_side, manager
+            gc.collect()
+        status, evidence, result = _stage_finding(mapping, self.model, self.decode, self.manager_class)
+        return (status, evidence), f"{label}: {result}"
+
+
+def _producer_note() -> str:
+    setup = producer()
+    if setup is None:
+        return "live: no setup_state_kv_args in this release: kv_args as its _init_kv_manager fills them"
+    where = code_location(setup)
+    return "live: kv_args completed by sglang's setup_state_kv_args" + (
+        f" ({where.path}:{where.line})" if where else ""
+    )
+
+
+def _stage_finding(
+    mapping: StageMapping, model: ModelFacts, decode: RoleFacts, manager_class: type
+) -> tuple[Status, Evidence, str]:
+    """Expected vs observed for one stage, and a short outcome for the summary."""
+    kinds = "/".join(dict.fromkeys(slot.kind for slot in mapping.buffers)) or "KV"
+    stage = f"prefill stage {mapping.stage} (layers {mapping.start}-{mapping.end - 1})"
+    draft = f" + {decode.draft_layers} draft layer(s)" if decode.draft_layers else ""
+    expected = (
+        f"{stage}: each of its {len(mapping.buffers)} {kinds} buffers written into the same layer "
+        f"and kind on decode ({model.num_layers} layers{draft}), one to one"
+    )
+    splitter = mapping.splitter()
+    location = splitter.location if splitter else code_location(manager_class, "send_kvcache")
+    if splitter:
+        via = f"; via {splitter.name} ({splitter.location.path}:{splitter.location.line})"
+    else:
+        via = (
+            f"; {manager_class.__name__}.send_kvcache"
+            + (f" ({location.path}:{location.line})" if location else "")
+            + " called no PP pointer splitter"
+        )
+    if mapping.error is not None:
+        raised = exception_evidence(expected, mapping.error)
+        at = f" at {raised.location}" if raised.location else ""
+        observed = f"{stage}: send_kvcache raised {raised.observed}{at}{via}"
+        return Status.FAIL, Evidence(expected, observed, raised.location or location), "raised"
+    total = len(mapping.buffers)
+    if mapping.bijective:
+        first, last = mapping.buffers[0], mapping.buffers[-1]
+        observed = (
+            f"{stage}: {total} of {total} pairs right, one decode buffer each "
+            f"({first} -> {first} ... {last} -> {last}){via} (live, CPU)"
+        )
+        return Status.PASS, Evidence(expected, observed, location), f"{total} of {total} pairs right"
+    problems = _mapping_problems(mapping)
+    observed = f"{stage}: {'; '.join(problems)}{via} (live, CPU)"
+    return Status.FAIL, Evidence(expected, observed, location), problems[0].split(":")[0]
+
+
+def _mapping_problems(mapping: StageMapping) -> list[str]:
+    """``30 of 60 pairs wrong: V0 -> K30, ...``, buffers never sent, decode buffers hit twice, ..."""
+    problems = []
+    wrong = mapping.wrong
+    if wrong:
+        shown = ", ".join(
+            f"{source} -> {target if target is not None else 'no decode buffer'}"
+            for source, target in wrong[:_SHOWN_PAIRS]
+        )
+        more = ", ..." if len(wrong) > _SHOWN_PAIRS else ""
+        problems.append(f"{len({s for s, _ in wrong})} of {len(mapping.buffers)} pairs wrong: {shown}{more}")
+    if mapping.missing:
+        problems.append(f"{len(mapping.missing)} buffer(s) never sent (first: {mapping.missing[0]})")
+    if mapping.shared_targets:
+        problems.append(
+            f"{len(mapping.shared_targets)} decode buffer(s) written from several stage buffers "
+            f"(first: {mapping.shared_targets[0]})"
+        )
+    if mapping.overruns:
+        problems.append(f"{mapping.overruns} block(s) run past the end of their buffer")
+    if mapping.unknown_sources:
+        problems.append(f"{mapping.unknown_sources} block(s) read from outside the stage's buffers")
+    if not mapping.buffers:
+        problems.append("the stage pool has no KV buffer npudoctor can locate")
+    return problems

@@ -20,8 +20,7 @@ from conftest import (
     result_of,
     truth_verdict,
 )
-
-from npudoctor import livecp
+from npudoctor.checks.npd004_cp_metadata_fields import live
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 NO_CP = EXAMPLES / "qwen3-moe-pd-fia.yaml"
@@ -72,7 +71,7 @@ def test_pass_evidence_names_the_batch_the_ranks_and_the_error(release, live_rep
         assert f"{SEVERAL}, {RANKS}" in observed
         assert "every output row of every rank matches" in observed
         error, rows = MAX_ERROR.search(observed).groups()
-        assert float(error) <= livecp.TOLERANCE and int(rows) == 45 + 158
+        assert float(error) <= live.TOLERANCE and int(rows) == 45 + 158
         method = evidence["location"]
         assert method["path"] == NPU_BACKEND and method["symbol"] == "AscendAttnBackend.do_cp_attn_fia"
         source = (release(version) / NPU_BACKEND).read_text()
@@ -102,7 +101,7 @@ def test_a_one_request_gate_is_observed_live(release, live_report, version):
         "refused a batch of 2 requests (live)"
     ) in observed
     error, rows = MAX_ERROR.search(observed).groups()
-    assert float(error) <= livecp.TOLERANCE and int(rows) == 158
+    assert float(error) <= live.TOLERANCE and int(rows) == 158
 
 
 def test_skips_without_context_parallelism(live_report):
@@ -182,7 +181,7 @@ def test_per_request_lengths_for_cumulative_ends_are_a_numerical_mismatch(cli, r
     assert "as full causal attention gives" in mismatch["expected"]
     got = re.search(r"do_cp_attn_fia gave (\S+) \(live, CPU\); (\d+) of 102 rows", mismatch["observed"])
     want = re.search(r"head \d+: (\S+), as full", mismatch["expected"])
-    assert got and want and abs(float(got.group(1)) - float(want.group(1))) > livecp.TOLERANCE
+    assert got and want and abs(float(got.group(1)) - float(want.group(1))) > live.TOLERANCE
     assert f"{SEVERAL}, {RANKS}; rank 1 too" in mismatch["observed"]
     assert mismatch["location"]["symbol"] == "AscendAttnBackend.do_cp_attn_fia"
     assert "all defined by ContextParallelMetadata" in static["observed"]
@@ -195,7 +194,7 @@ def test_the_reference_is_causal_attention_with_a_prefix():
     q = torch.randn(7, 8, 16, generator=generator)
     k = torch.randn(12, 2, 16, generator=generator)
     v = torch.randn(12, 2, 16, generator=generator)
-    got = livecp.causal_attention(q, k, v, prefix=5, scale=0.25)
+    got = live.causal_attention(q, k, v, prefix=5, scale=0.25)
     mask = torch.arange(12)[None, :] <= (5 + torch.arange(7))[:, None]
     want = F.scaled_dot_product_attention(
         q.double().transpose(0, 1),
@@ -208,12 +207,12 @@ def test_the_reference_is_causal_attention_with_a_prefix():
 
 
 def test_the_paged_cache_holds_each_request_in_its_own_pages():
-    dims = livecp.AttentionDims(
+    dims = live.AttentionDims(
         q_heads=4, kv_heads=2, head_dim=8, v_head_dim=8, page_size=16, cp_size=2, attn_tp_size=1
     )
-    load = livecp.workload(livecp.SEVERAL, dims)
+    load = live.workload(live.SEVERAL, dims)
     pages = [[int(p) for p in row if p] for row in load.block_tables]
-    assert [len(p) for p in pages] == [-(-r.total // 16) for r in livecp.SEVERAL]
+    assert [len(p) for p in pages] == [-(-r.total // 16) for r in live.SEVERAL]
     assert 0 not in sum(pages, []) and len(set(sum(pages, []))) == len(sum(pages, []))
     assert len(load.request_of) == load.q.shape[0] == 45 + 158
     assert load.position_of[45] == 133  # request 1's first extend token follows its cached prefix
@@ -222,7 +221,7 @@ def test_the_paged_cache_holds_each_request_in_its_own_pages():
 def test_cuda_tensors_land_on_the_cpu_only_inside_the_simulation():
     """sglang's shared code names device="cuda"; on Ascend transfer_to_npu maps it to the NPU."""
     before = (torch.tensor, torch.Tensor.to, torch.Tensor.cuda)
-    with livecp.accelerator_on_cpu():
+    with live.accelerator_on_cpu():
         assert torch.tensor([1, 2], device="cuda").device.type == "cpu"
         assert torch.zeros(2).to("npu").device.type == "cpu"
     assert (torch.tensor, torch.Tensor.to, torch.Tensor.cuda) == before

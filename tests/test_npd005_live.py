@@ -253,10 +253,10 @@ class _Allocator:
 
 
 def test_recording_notes_each_level_and_leaves_nothing_behind():
-    from npudoctor import liveoffload
+    from npudoctor.checks.npd005_offload_signatures import live
 
     allocator = _Allocator(_Pool())
-    with liveoffload.recording(allocator) as calls:
+    with live.recording(allocator) as calls:
         assert allocator.get_cpu_copy([3, 4], mamba_indices=None) == [3, 4]
     assert [(c.qualname, c.keywords, c.parent) for c in calls] == [
         ("_Allocator.get_cpu_copy", {"mamba_indices": None}, None),
@@ -267,14 +267,14 @@ def test_recording_notes_each_level_and_leaves_nothing_behind():
 
 
 def test_recording_sees_the_call_that_does_not_bind():
-    from npudoctor import liveoffload
+    from npudoctor.checks.npd005_offload_signatures import live
 
     allocator = _Allocator(_NarrowPool())
-    with liveoffload.recording(allocator) as calls, pytest.raises(TypeError) as raised:
+    with live.recording(allocator) as calls, pytest.raises(TypeError) as raised:
         allocator.get_cpu_copy([3], mamba_indices=None)
     assert calls[1].bind_error and "mamba_indices" in calls[1].bind_error
-    assert liveoffload.binding_keyword(raised.value) == (True, "mamba_indices")
-    assert not liveoffload.accepts(_NarrowPool.get_cpu_copy, "mamba_indices")
-    assert liveoffload.accepts(_Allocator.get_cpu_copy, "mamba_indices")  # through **kwargs
-    assert liveoffload.reads(_Allocator.get_cpu_copy, "mamba_indices") is True  # it forwards kwargs
-    assert liveoffload.reads(_Pool.get_cpu_copy, "mamba_indices") is False
+    assert live.binding_keyword(raised.value) == (True, "mamba_indices")
+    assert not live.accepts(_NarrowPool.get_cpu_copy, "mamba_indices")
+    assert live.accepts(_Allocator.get_cpu_copy, "mamba_indices")  # through **kwargs
+    assert live.reads(_Allocator.get_cpu_copy, "mamba_indices") is True  # it forwards kwargs
+    assert live.reads(_Pool.get_cpu_copy, "mamba_indices") is False

@@ -308,7 +308,7 @@ def test_another_shape_is_refused_with_the_sites_that_differ(cli, release, overl
 
 def test_the_mha_divisibility_sibling_of_later_releases_is_not_claimed(cli, release, tmp_path):
     """0.5.12+ slice MLA per group; their MHA splitter still guesses decode's draft layers from
-    layer-count divisibility (the live probe fails an uneven split, see test_live_npd003). The
+    layer-count divisibility (the live probe fails an uneven split, see test_npd003_live). The
     static depth cannot tell, so the fix is not planned there: refused, nothing patched."""
     config = deployment(
         tmp_path, "qwen3-uneven-eagle", QWEN3, {}, {"speculative_algorithm": "EAGLE3"},

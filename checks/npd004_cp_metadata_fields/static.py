@@ -1,0 +1,709 @@
+"""NPD004's static probe: walk the FIA context-parallel attention path of the target's source
+with ``ast`` and test every CP metadata read and every split of the query on it.
+``MetadataModel`` finds the CP metadata classes of the tree and the batch fields that hold them;
+``PathWalk`` follows, from each entry, the calls that pass the batch or the metadata (methods on
+``self``, functions by name, methods on objects of declared types and their subclasses), at most
+``MAX_DEPTH`` calls deep and ``MAX_FUNCTIONS`` functions per entry; ``_judge`` fails a read that no
+reaching metadata class defines, and a fixed midpoint split of q where the metadata describes
+several requests and no admission gate limits a CP batch to one, and warns where a call on the
+path cannot be followed.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from npudoctor.check import Probe
+from npudoctor.dataflow import (
+    FunctionRef,
+    aliases,
+    annotation_classes,
+    annotation_names,
+    bind_arguments,
+    functions_named,
+    imported_module,
+    instance_attributes,
+    is_external_name,
+    lookup,
+    module_function,
+    name_classes,
+    nested_function,
+    return_classes,
+    self_attribute_classes,
+    subclasses,
+)
+from npudoctor.results import Evidence, Location, Status
+from npudoctor.source import ClassInfo, SourceTree
+
+# CP metadata classes are found by this name suffix, then by inheritance.
+METADATA_SUFFIX = "ContextParallelMetadata"
+# The batch field that holds the CP metadata; used as-is when no declaration is found.
+DEFAULT_FIELD = "attn_cp_metadata"
+# CP admission gates that may limit a CP batch to one request.
+BATCH_GATES = ("can_cp_split",)
+# Fields that make the metadata describe several requests: a batch size, per-request length lists.
+PER_REQUEST_FIELD = re.compile(r"^(bs|batch_size)$|^\w*(len|seq)\w*_list$")
+QUERY_PARAMETERS = ("q", "query")
+SPLIT_FUNCTIONS = ("chunk", "tensor_split")
+MAX_DEPTH = 6  # calls followed from an entry
+MAX_FUNCTIONS = 96  # functions visited per entry
+
+_SUFFIX = METADATA_SUFFIX.encode()
+# Cheap byte filters before parsing: a file that declares a metadata class, or a field typed with one.
+_DECLARES_METADATA_CLASS = re.compile(rb"class\s+\w*" + _SUFFIX + rb"\b|class\s+\w+\s*\([^)]*" + _SUFFIX)
+_DECLARES_METADATA_FIELD = re.compile(rb"^[ \t]+\w+[ \t]*:[^\n=]*" + _SUFFIX, re.M)
+
+Classes = tuple[ClassInfo, ...]
+# What an expression of one function holds: the metadata classes it can be, or None.
+ValueOf = Callable[[ast.expr, dict[str, object]], Classes | None]
+
+
+def probe(
+    tree: SourceTree, entries: list[FunctionRef], roles: tuple[str, ...], assumptions: tuple[str, ...]
+) -> Probe:
+    """Walk the CP path of every entry and test every metadata read and query split on it."""
+    metadata = MetadataModel.find(tree)
+    if not metadata.classes:
+        first = entries[0]
+        return Probe(
+            Status.WARN,
+            f"cannot tell: {first.qualname} exists but no CP metadata class was found in this tree",
+            (
+                Evidence(
+                    expected=f"a class named *{METADATA_SUFFIX} (or a subclass of one) that "
+                    f"{first.qualname} reads its CP layout from",
+                    observed="none found under sglang/: this release's layout is not one npudoctor recognises",
+                    location=Location(first.relpath, first.line, first.qualname),
+                ),
+            ),
+            assumptions,
+            roles,
+        )
+
+    evidence: list[Evidence] = []
+    statuses: list[Status] = []
+    for entry in entries:
+        walk = PathWalk(tree, metadata)
+        walk.run(entry)
+        status, found = _judge(tree, metadata, entry, walk)
+        statuses.append(status)
+        evidence.extend(found)
+    evidence.extend(metadata.notes)
+
+    if Status.FAIL in statuses:
+        status = Status.FAIL
+        missing = sorted({_field_of(e) for e in evidence if _field_of(e)})
+        parts = []
+        if missing:
+            parts.append(
+                f"reads CP metadata fields no metadata class that reaches it defines ({', '.join(missing)}): "
+                "AttributeError at the first CP prefill"
+            )
+        if any(e.expected.startswith(_SPLIT_EXPECTED) for e in evidence):
+            parts.append("splits q at a fixed midpoint: wrong attention for a batch of several requests")
+        summary = "the FIA context-parallel attention path " + "; ".join(parts)
+    elif Status.WARN in statuses:
+        status = Status.WARN
+        summary = "cannot tell whether the FIA context-parallel path reads only defined metadata fields"
+    else:
+        status = Status.PASS
+        summary = "the FIA context-parallel attention path reads only fields its CP metadata classes define"
+    return Probe(status, summary, tuple(evidence), assumptions, roles)
+
+
+# ----- metadata classes ------------------------------------------------------------------
+@dataclass
+class MetadataModel:
+    """The CP metadata classes of a tree and the fields that can hold them."""
+
+    tree: SourceTree
+    classes: list[ClassInfo]
+    fields: dict[str, Classes]  # field name -> classes that can be stored in it
+    declarations: dict[str, list[str]]  # field name -> "Owner.field (path:line)"
+    owners: set[str]  # snake_case names of the classes declaring the fields (forward_batch)
+    notes: list[Evidence] = field(default_factory=list)
+
+    @classmethod
+    def find(cls, tree: SourceTree) -> MetadataModel:
+        files = tree.files_containing(METADATA_SUFFIX)
+        named = [
+            klass
+            for path in files
+            if _DECLARES_METADATA_CLASS.search(tree.read(path))
+            for klass in tree.classes_in(path)
+            if klass.name.endswith(METADATA_SUFFIX)
+        ]
+        classes = list(named)
+        for klass in named:
+            classes.extend(c for c in subclasses(tree, klass) if c not in classes)
+        model = cls(tree, classes, {}, {}, set())
+        if not classes:
+            return model
+        names = {c.name for c in classes}
+        for path in files:
+            if not _DECLARES_METADATA_FIELD.search(tree.read(path)):
+                continue
+            for owner in tree.classes_in(path):
+                for stmt in owner.node.body:
+                    if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                        continue
+                    mentioned = [n.rpartition(".")[2] for n in annotation_names(stmt.annotation)]
+                    if not any(n.endswith(METADATA_SUFFIX) or n in names for n in mentioned):
+                        continue
+                    declared = [c for c in annotation_classes(tree, path, stmt.annotation) if c in classes]
+                    if not declared:
+                        continue
+                    name = stmt.target.id
+                    reach = list(model.fields.get(name, ()))
+                    for klass in declared:
+                        reach.extend(c for c in (klass, *subclasses(tree, klass)) if c not in reach)
+                    model.fields[name] = tuple(reach)
+                    model.declarations.setdefault(name, []).append(
+                        f"{owner.name}.{name}: {ast.unparse(stmt.annotation)} ({tree.relpath(path)}:{stmt.lineno})"
+                    )
+                    model.owners.add(_snake(owner.name))
+        if DEFAULT_FIELD not in model.fields:
+            model.fields[DEFAULT_FIELD] = tuple(classes)
+            model.notes.append(
+                Evidence(
+                    expected=f"a declared type for the batch field {DEFAULT_FIELD}",
+                    observed=f"no class-body annotation of {DEFAULT_FIELD} naming a CP metadata class: "
+                    f"checked its reads against every CP metadata class in the tree "
+                    f"({', '.join(c.name for c in classes)})",
+                )
+            )
+        if not model.owners:
+            model.owners.add("forward_batch")
+        return model
+
+    def attributes(self, klass: ClassInfo) -> set[str]:
+        return instance_attributes(self.tree, klass)
+
+    def defines(self, classes: Classes, name: str) -> bool:
+        return any(name in self.attributes(c) for c in classes)
+
+    def per_request_fields(self, classes: Classes) -> list[str]:
+        names: set[str] = set()
+        for klass in classes:
+            names |= {n for n in self.attributes(klass) if PER_REQUEST_FIELD.match(n)}
+        return sorted(names)
+
+
+# ----- the path walk ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Read:
+    function: FunctionRef
+    line: int
+    text: str  # e.g. "cp_meta.kv_len_prev"
+    attr: str
+    classes: Classes
+
+
+@dataclass(frozen=True)
+class Split:
+    function: FunctionRef
+    line: int
+    text: str
+
+
+@dataclass
+class PathWalk:
+    """The functions on one entry's CP path and what they do with the metadata and the query."""
+
+    tree: SourceTree
+    metadata: MetadataModel
+    functions: list[FunctionRef] = field(default_factory=list)
+    reads: list[Read] = field(default_factory=list)
+    splits: list[Split] = field(default_factory=list)
+    stored: set[str] = field(default_factory=set)
+    unresolved: list[str] = field(default_factory=list)
+    delegations: list[str] = field(default_factory=list)
+
+    def run(self, entry: FunctionRef) -> None:
+        stack: list[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str], int]] = [
+            (entry, entry.owner, {}, frozenset(), 0)
+        ]
+        seen: set[tuple] = set()
+        while stack and len(self.functions) < MAX_FUNCTIONS:
+            ref, self_cls, seeds, carriers, depth = stack.pop()
+            key = (id(ref.node), id(self_cls), tuple(sorted(seeds)), carriers)
+            if key in seen:
+                continue
+            seen.add(key)
+            self.functions.append(ref)
+            for callee, callee_self, callee_seeds, callee_carriers in self._visit(
+                ref, self_cls, seeds, carriers
+            ):
+                if depth < MAX_DEPTH:
+                    stack.append((callee, callee_self, callee_seeds, callee_carriers, depth + 1))
+
+    def _visit(
+        self,
+        ref: FunctionRef,
+        self_cls: ClassInfo | None,
+        seeds: dict[str, Classes],
+        carriers: frozenset[str],
+    ) -> Iterator[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str]]]:
+        """Record what ``ref`` reads and stores on the metadata and how it splits the query; yield
+        the functions its calls pass the batch or the metadata to, with what they receive."""
+        value_of = self._metadata_values(self._built_by(self_cls))
+        seeds = self._declared_seeds(ref, seeds)
+        carriers = self._carriers(ref, carriers)
+        known = aliases(ref.node, seeds, value_of)
+        guarded = self._getattr_reads(ref, known, value_of)
+        self._attribute_reads(ref, known, value_of, guarded)
+        self.splits.extend(_query_splits(ref))
+        yield from self._calls(ref, self_cls, known, carriers, value_of)
+
+    def _declared_seeds(self, ref: FunctionRef, seeds: dict[str, Classes]) -> dict[str, Classes]:
+        """``seeds`` and the parameters annotated with a metadata class (it and its subclasses)."""
+        tree, metadata = self.tree, self.metadata
+        seeds = dict(seeds)
+        for param in ref.parameters:
+            declared = tuple(
+                c for c in annotation_classes(tree, ref.path, param.annotation) if c in metadata.classes
+            )
+            if declared and param.arg not in seeds:
+                seeds[param.arg] = tuple({c: None for k in declared for c in (k, *subclasses(tree, k))})
+        return seeds
+
+    def _carriers(self, ref: FunctionRef, carriers: frozenset[str]) -> set[str]:
+        """``carriers`` and the parameters that hold a batch: named after, or annotated with, a class
+        that declares a metadata field."""
+        metadata = self.metadata
+        return set(carriers) | {
+            p.arg
+            for p in ref.parameters
+            if p.arg in metadata.owners
+            or any(_snake(n.rpartition(".")[2]) in metadata.owners for n in annotation_names(p.annotation))
+        }
+
+    def _metadata_values(self, narrowed: set[ClassInfo]) -> ValueOf:
+        """Which metadata classes an expression holds: a metadata field (``<x>.attn_cp_metadata``,
+        ``getattr(<x>, "attn_cp_metadata")``) or a known name; narrowed to the classes a strategy
+        builds (``narrowed``) where any of them can be there."""
+        metadata = self.metadata
+
+        def narrow(classes: Classes) -> Classes:
+            if narrowed:
+                kept = tuple(c for c in classes if c in narrowed)
+                if kept:
+                    return kept
+            return classes
+
+        def value_of(expr: ast.expr, known: dict[str, object]) -> Classes | None:
+            if isinstance(expr, ast.Attribute) and expr.attr in metadata.fields:
+                return narrow(metadata.fields[expr.attr])
+            if isinstance(expr, ast.Name) and expr.id in known:
+                return known[expr.id]  # type: ignore[return-value]
+            if (
+                isinstance(expr, ast.Call)
+                and isinstance(expr.func, ast.Name)
+                and expr.func.id == "getattr"
+                and len(expr.args) >= 2
+                and isinstance(expr.args[1], ast.Constant)
+                and expr.args[1].value in metadata.fields
+            ):
+                return narrow(metadata.fields[expr.args[1].value])
+            return None
+
+        return value_of
+
+    def _getattr_reads(self, ref: FunctionRef, known: dict[str, object], value_of: ValueOf) -> set[str]:
+        """Record ``getattr(<metadata>, "name")`` reads; return the names read only under a guard
+        (``hasattr``, ``getattr`` with a default), which are not required."""
+        guarded: set[str] = set()
+        for node in ast.walk(ref.node):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("hasattr", "getattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and value_of(node.args[0], known) is not None
+            ):
+                if node.func.id == "hasattr" or len(node.args) > 2:
+                    guarded.add(node.args[1].value)
+                else:
+                    self.reads.append(
+                        Read(
+                            ref,
+                            node.lineno,
+                            ast.unparse(node),
+                            node.args[1].value,
+                            value_of(node.args[0], known),
+                        )
+                    )
+        return guarded
+
+    def _attribute_reads(
+        self, ref: FunctionRef, known: dict[str, object], value_of: ValueOf, guarded: set[str]
+    ) -> None:
+        """Record ``<metadata>.name`` reads (not the guarded names) and the names stored on metadata."""
+        for node in ast.walk(ref.node):
+            if isinstance(node, ast.Attribute) and not node.attr.startswith("__"):
+                held = value_of(node.value, known)
+                if held is None:
+                    continue
+                if isinstance(node.ctx, ast.Load):
+                    if node.attr not in guarded:
+                        self.reads.append(Read(ref, node.lineno, ast.unparse(node), node.attr, held))
+                else:
+                    self.stored.add(node.attr)
+
+    def _calls(
+        self,
+        ref: FunctionRef,
+        self_cls: ClassInfo | None,
+        known: dict[str, object],
+        carriers: set[str],
+        value_of: ValueOf,
+    ) -> Iterator[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str]]]:
+        """The functions the calls in ``ref`` that pass the metadata or a batch may run; a call
+        that cannot be resolved is recorded in ``unresolved``."""
+        for node in ast.walk(ref.node):
+            if not isinstance(node, ast.Call):
+                continue
+            passed = [
+                a
+                for a in [*node.args, *(k.value for k in node.keywords)]
+                if value_of(a, known) is not None or (isinstance(a, ast.Name) and a.id in carriers)
+            ]
+            if not passed:
+                continue
+            targets = self._resolve(ref, self_cls, node)
+            if targets is None:
+                self.unresolved.append(f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}")
+                continue
+            for callee, callee_self, bound_receiver in targets:
+                if callee.owner is not None and callee.owner is not ref.owner:
+                    self.delegations.append(f"{ast.unparse(node.func)} -> {callee}")
+                callee_seeds, callee_carriers = _received(
+                    callee, node, bound_receiver, known, carriers, value_of
+                )
+                yield callee, callee_self, callee_seeds, callee_carriers
+
+    def _built_by(self, self_cls: ClassInfo | None) -> set[ClassInfo]:
+        """The metadata classes a strategy class builds (any method of its MRO that returns one)."""
+        if self_cls is None:
+            return set()
+        tree, names = self.tree, {c.name for c in self.metadata.classes}
+        built: set[ClassInfo] = set()
+        for name in sorted({m for klass in tree.mro(self_cls) for m in klass.methods}):
+            method = lookup(tree, self_cls, name)
+            returned = annotation_names(method.node.returns) + [
+                ast.unparse(n.value.func)
+                for n in ast.walk(method.node)
+                if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)
+            ]
+            if not any(r.rpartition(".")[2] in names for r in returned):
+                continue
+            for klass in return_classes(method):
+                if klass in self.metadata.classes:
+                    built |= {klass, *subclasses(tree, klass)}
+        return built
+
+    def _resolve(self, ref: FunctionRef, self_cls: ClassInfo | None, call: ast.Call):
+        """Functions ``call`` may run, as [(function, its self class, receiver bound)]; [] for code
+        outside the tree (torch, numpy, builtins, loggers) and constructors; None when it cannot
+        be told."""
+        tree, func = self.tree, call.func
+        if isinstance(func, ast.Name):
+            scope = ref
+            while scope is not None:  # a closure defined in this function or an enclosing one
+                inner = nested_function(scope, func.id)
+                if inner is not None:
+                    return [(inner, self_cls, False)]
+                scope = scope.outer
+            found = module_function(tree, ref.path, func.id)
+            if found is not None:
+                return [(found, None, False)]
+            if is_external_name(tree, ref.path, func.id) or tree.resolve_class(ref.path, func.id) is not None:
+                return []
+            return None
+        if not isinstance(func, ast.Attribute):
+            return None
+        receiver, method = func.value, func.attr
+        if _is_name(receiver, "self") and self_cls is not None:
+            found = lookup(tree, self_cls, method)
+            return None if found is None else [(found, self_cls, True)]
+        if (
+            isinstance(receiver, ast.Call)
+            and _is_name(receiver.func, "super")
+            and self_cls is not None
+            and ref.owner is not None
+        ):
+            found = lookup(tree, self_cls, method, after=ref.owner)
+            return None if found is None else [(found, self_cls, True)]
+        root = receiver
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id != "self" and is_external_name(tree, ref.path, root.id):
+            return []
+        if isinstance(receiver, ast.Name):
+            module = imported_module(tree, ref.path, receiver.id)
+            if module is not None:
+                found = module_function(tree, module, method)
+                return None if found is None else [(found, None, False)]
+            classes = name_classes(ref, receiver.id)
+        elif (
+            isinstance(receiver, ast.Attribute) and _is_name(receiver.value, "self") and self_cls is not None
+        ):
+            classes = self_attribute_classes(tree, self_cls, receiver.attr)
+        else:
+            classes = []
+        targets = []
+        for klass in classes:  # virtual dispatch: the declared class and every subclass in the tree
+            for impl in (klass, *subclasses(tree, klass)):
+                found = lookup(tree, impl, method)
+                if found is not None:
+                    targets.append((found, impl, True))
+        return targets or None
+
+
+def _received(
+    callee: FunctionRef,
+    call: ast.Call,
+    bound_receiver: bool,
+    known: dict[str, object],
+    carriers: set[str],
+    value_of: ValueOf,
+) -> tuple[dict[str, Classes], frozenset[str]]:
+    """What ``call`` passes ``callee``: its parameters that receive metadata (with the classes),
+    and those that receive a batch."""
+    binding = bind_arguments(callee, call, bound_receiver)
+    callee_seeds = {}
+    callee_carriers = set()
+    for param, arg in binding.items():
+        held = value_of(arg, known)
+        if held is not None:
+            callee_seeds[param] = held
+        elif isinstance(arg, ast.Name) and arg.id in carriers:
+            callee_carriers.add(param)
+    return callee_seeds, frozenset(callee_carriers)
+
+
+def _query_splits(ref: FunctionRef) -> list[Split]:
+    """Fixed-count splits of the query: ``torch.chunk(q, 2)``, ``q.chunk(2)``, ``q[: q.shape[0] // 2]``."""
+    query = {p.arg for p in ref.parameters if p.arg in QUERY_PARAMETERS}
+    if not query:
+        return []
+
+    def mentions(expr: ast.AST, names: set[str]) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(expr))
+
+    known = aliases(
+        ref.node,
+        dict.fromkeys(query, True),
+        lambda e, k: (
+            True if isinstance(e, (ast.Call, ast.Attribute, ast.Subscript)) and mentions(e, set(k)) else None
+        ),
+    )
+    names = set(known)
+    found = []
+    for node in ast.walk(ref.node):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SPLIT_FUNCTIONS
+        ):
+            receiver = node.func.value
+            if isinstance(receiver, ast.Name) and receiver.id in names:  # q.chunk(2)
+                count = node.args[0] if node.args else _keyword(node, "chunks", "sections")
+            elif (
+                node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in names
+            ):  # torch.chunk(q, 2)
+                count = node.args[1] if len(node.args) > 1 else _keyword(node, "chunks", "sections")
+            else:
+                continue
+            if isinstance(count, ast.Constant) and isinstance(count.value, int) and count.value >= 2:
+                found.append(Split(ref, node.lineno, ast.unparse(node)))
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in names
+            and isinstance(node.slice, ast.Slice)
+        ):
+            for bound in (node.slice.lower, node.slice.upper):
+                if (
+                    isinstance(bound, ast.BinOp)
+                    and isinstance(bound.op, ast.FloorDiv)
+                    and isinstance(bound.right, ast.Constant)
+                    and bound.right.value == 2
+                    and mentions(bound.left, names)
+                ):
+                    found.append(Split(ref, node.lineno, ast.unparse(node)))
+    return found
+
+
+def _is_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg in names), None)
+
+
+# ----- verdict ---------------------------------------------------------------------------
+_SPLIT_EXPECTED = "q split per request"
+
+
+def _judge(
+    tree: SourceTree, metadata: MetadataModel, entry: FunctionRef, walk: PathWalk
+) -> tuple[Status, list[Evidence]]:
+    """Status and evidence for one entry's path: FAIL for reads no reaching class defines and for
+    a midpoint split of a multi-request batch, WARN where the path could not be fully analysed."""
+    evidence: list[Evidence] = []
+    failed = uncertain = False
+    sites: set[tuple] = set()
+    for read in walk.reads:
+        site = (read.attr, read.function.path, read.line)
+        if site in sites or read.attr in walk.stored or metadata.defines(read.classes, read.attr):
+            continue
+        sites.add(site)
+        external = sorted({b for c in read.classes for b in tree.external_bases(c)})
+        at = Location(read.function.relpath, read.line, read.function.qualname)
+        if external:
+            uncertain = True
+            evidence.append(
+                Evidence(
+                    expected=f"`{read.attr}` defined by {', '.join(c.name for c in read.classes)}",
+                    observed=f"{read.function.qualname} reads {read.text} at {read.function.where(read.line)}; "
+                    f"those classes do not define it, but they derive from bases outside sglang "
+                    f"({', '.join(external)}) that may",
+                    location=at,
+                )
+            )
+            continue
+        failed = True
+        via = "" if read.function is entry else f" (on the CP path of {entry.qualname})"
+        evidence.append(
+            Evidence(
+                expected=f"`{read.attr}` defined by the CP metadata class that reaches {read.function.qualname}: "
+                + ", ".join(str(c) for c in read.classes),
+                observed=f"{read.function.qualname}{via} reads {read.text} at {read.function.where(read.line)}, "
+                f"but no CP metadata class that can reach it defines `{read.attr}`"
+                f"{_similar(metadata, read)}: AttributeError at the first CP prefill",
+                location=at,
+            )
+        )
+
+    reaching = tuple({c: None for r in walk.reads for c in r.classes}) or metadata.fields.get(
+        DEFAULT_FIELD, ()
+    )
+    per_request = metadata.per_request_fields(reaching)
+    gate, gate_function = _batch_of_one_gate(tree)
+    if per_request and gate is None:
+        admits = (
+            f"{gate_function.qualname} ({gate_function.where()}) does not limit a CP batch to one request"
+            if gate_function is not None
+            else "no CP admission gate limits a batch to one request"
+        )
+        for split in walk.splits:
+            failed = True
+            evidence.append(
+                Evidence(
+                    expected=f"{_SPLIT_EXPECTED}: the metadata describes several requests "
+                    f"({', '.join(per_request)} on {', '.join(c.name for c in reaching)}), so the boundary "
+                    "between q's prev and next halves is the sum of the per-request prev lengths",
+                    observed=f"{split.function.qualname} splits q with {split.text} at "
+                    f"{split.function.where(split.line)}: a fixed midpoint split, right only for a batch of "
+                    f"one request; {admits}",
+                    location=Location(split.function.relpath, split.line, split.function.qualname),
+                )
+            )
+
+    if walk.unresolved:
+        uncertain = True
+        evidence.append(
+            Evidence(
+                expected="every call on the CP path that passes the batch or the CP metadata to be followed",
+                observed=f"{entry.qualname}'s CP path passes them to "
+                + "; ".join(walk.unresolved[:4])
+                + ", which npudoctor cannot resolve: what runs there was not checked",
+                location=Location(entry.relpath, entry.line, entry.qualname),
+            )
+        )
+    if failed:
+        return Status.FAIL, evidence
+    if uncertain:
+        return Status.WARN, evidence
+    return Status.PASS, [_pass_evidence(entry, walk, per_request, gate)]
+
+
+def _similar(metadata: MetadataModel, read: Read) -> str:
+    defined = sorted(set().union(*(metadata.attributes(c) for c in read.classes)))
+    near = [n for n in defined if n.startswith(read.attr)] or difflib.get_close_matches(
+        read.attr, defined, n=4
+    )
+    return f" (it has {', '.join(near)})" if near else ""
+
+
+def _pass_evidence(
+    entry: FunctionRef, walk: PathWalk, per_request: list[str], gate: Location | None
+) -> Evidence:
+    by_function: dict[int, tuple[FunctionRef, dict[str, Read]]] = {id(entry.node): (entry, {})}
+    for read in walk.reads:
+        _, reads = by_function.setdefault(id(read.function.node), (read.function, {}))
+        reads.setdefault(read.text, read)
+    parts = []
+    for function, reads in by_function.values():
+        if reads:
+            listed = ", ".join(f"{r.text} ({function.relpath}:{r.line})" for r in reads.values())
+            parts.append(f"{function} reads {listed}")
+        elif function is entry:
+            parts.append(f"{entry} reads no CP metadata field itself")
+    delegations = list(dict.fromkeys(walk.delegations))
+    if delegations:
+        parts.insert(1, f"it calls {'; '.join(delegations[:4])}")
+    observed = "; ".join(parts)
+    classes = tuple({c: None for r in walk.reads for c in r.classes})
+    if classes:
+        observed += f"; all defined by {', '.join(str(c) for c in classes)}"
+    for split in walk.splits:
+        why = (
+            f"{gate.symbol} ({gate.path}:{gate.line}) admits only CP batches of one request"
+            if gate is not None
+            else "the metadata carries no per-request lengths: one request per CP batch"
+        )
+        observed += f". {split.text} at {split.function.where(split.line)} splits q at its midpoint, right here: {why}"
+    if not walk.splits and per_request:
+        observed += (
+            f". No fixed split of q on the path; the metadata carries per-request {', '.join(per_request)}"
+        )
+    return Evidence(
+        expected=f"every field {entry.qualname}'s CP path reads is defined by the CP metadata class that reaches it",
+        observed=observed,
+        location=Location(entry.relpath, entry.line, entry.qualname),
+    )
+
+
+def _batch_of_one_gate(tree: SourceTree) -> tuple[Location | None, FunctionRef | None]:
+    """Where a CP admission gate requires a batch of exactly one request (if one does), and the gate."""
+    gates = [f for name in BATCH_GATES for f in functions_named(tree, name, under="srt")]
+    for function in gates:
+        for node in ast.walk(function.node):
+            if (
+                isinstance(node, ast.Compare)
+                and len(node.ops) == 1
+                and isinstance(node.ops[0], ast.Eq)
+                and isinstance(node.comparators[0], ast.Constant)
+                and node.comparators[0].value == 1
+                and re.search(r"shape\[0\]|len\(|\bbs\b|batch_size", ast.unparse(node.left))
+            ):
+                return Location(function.relpath, node.lineno, function.qualname), function
+    return None, (gates[0] if gates else None)
+
+
+def _field_of(evidence: Evidence) -> str | None:
+    match = re.match(r"`(\w+)` defined by the CP metadata class", evidence.expected)
+    return match.group(1) if match else None
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
