@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from npudoctor import __version__, deployment, ignores, live
-from npudoctor.check import Check, all_checks, run_checks
+from npudoctor.check import Check, LiveOutcome, all_checks, run_checks
 from npudoctor.errors import InputError
 from npudoctor.launch import sglang_parser
 from npudoctor.redact import redact_result, redact_value
@@ -110,7 +110,7 @@ def _fix_plan(request: CheckRequest, target, facts) -> tuple[dict[str, dict[str,
     return plan, refused
 
 
-def _live_summary(outcome: live.LiveOutcome | None) -> dict | None:
+def _live_summary(outcome: LiveOutcome | None) -> dict | None:
     if outcome is None:
         return None
     if outcome.unavailable:

@@ -43,7 +43,8 @@ from pathlib import Path
 from npudoctor import activation
 from npudoctor.check import all_checks
 from npudoctor.deployment import from_yaml
-from npudoctor.fix import Action, decide, fix_by_id
+from npudoctor.fix import fix_by_id
+from npudoctor.fixing import Action, decide
 from npudoctor.npusim import npu_runtime, simulated_npu
 from npudoctor.target import discover
 

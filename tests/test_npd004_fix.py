@@ -37,7 +37,8 @@ from npudoctor import activation
 from npudoctor.checks.npd004_cp_metadata_fields import live
 from npudoctor.check import all_checks
 from npudoctor.deployment import from_yaml
-from npudoctor.fix import Action, decide, fix_by_id
+from npudoctor.fix import fix_by_id
+from npudoctor.fixing import Action, decide
 from npudoctor.npusim import npu_runtime, simulated_npu
 from npudoctor.target import discover
 

@@ -22,7 +22,8 @@ import pytest
 from conftest import EXAMPLES, replace_text
 
 from npudoctor.deployment import from_yaml
-from npudoctor.fix import Action, decide, fix_by_id
+from npudoctor.fix import fix_by_id
+from npudoctor.fixing import Action, decide
 from npudoctor.target import discover
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
@@ -43,7 +44,8 @@ from pathlib import Path
 from npudoctor import activation
 from npudoctor.check import all_checks
 from npudoctor.deployment import from_yaml
-from npudoctor.fix import Action, Site, decide, fix_by_id
+from npudoctor.fix import Site, fix_by_id
+from npudoctor.fixing import Action, decide
 from npudoctor.npusim import npu_runtime, simulated_npu
 from npudoctor.target import discover
 
