@@ -13,8 +13,8 @@ functions and for objects passed between them, still without importing anything:
   (``annotation_classes``, ``SourceTree.resolve_class``); the classes a function returns
   (``return_classes``), a local or parameter holds (``name_classes``) or ``self.<attr>`` holds
   (``self_attribute_classes``); every subclass of a class in the tree (``subclasses``), for
-  virtual dispatch through a base-class annotation; method lookup through the MRO, also for
-  ``super()`` (``lookup``);
+  virtual dispatch through a base-class annotation (method lookup through the MRO is
+  ``SourceTree.lookup``);
 * what a class defines for its instances: dataclass fields, class variables, methods and
   properties, and ``self`` attributes any of its methods assign, over the whole MRO
   (``instance_attributes``);
@@ -39,52 +39,9 @@ import builtins
 import re
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from npudoctor.source import ClassInfo, FunctionNode, SourceTree, flatten_conditional
-
-
-@dataclass(frozen=True, eq=False)
-class FunctionRef:
-    """A function or method definition found in the tree."""
-
-    node: FunctionNode
-    path: Path
-    tree: SourceTree
-    owner: ClassInfo | None = None  # the class whose body defines it, for methods
-    outer: FunctionRef | None = None  # the function it is nested in, for closures
-
-    @property
-    def name(self) -> str:
-        return self.node.name
-
-    @property
-    def qualname(self) -> str:
-        if self.owner is not None:
-            return f"{self.owner.name}.{self.node.name}"
-        if self.outer is not None:
-            return f"{self.outer.qualname}.<locals>.{self.node.name}"
-        return self.node.name
-
-    @property
-    def line(self) -> int:
-        return self.node.lineno
-
-    @property
-    def relpath(self) -> str:
-        return self.tree.relpath(self.path)
-
-    def where(self, line: int | None = None) -> str:
-        return f"{self.relpath}:{self.line if line is None else line}"
-
-    @property
-    def parameters(self) -> list[ast.arg]:
-        args = self.node.args
-        return [*args.posonlyargs, *args.args, *([args.vararg] if args.vararg else []), *args.kwonlyargs]
-
-    def __str__(self) -> str:
-        return f"{self.qualname} ({self.where()})"
+from npudoctor.source import ClassInfo, FunctionNode, FunctionRef, SourceTree, flatten_conditional
 
 
 # ----- finding functions ---------------------------------------------------------------
@@ -98,7 +55,7 @@ def functions_in(tree: SourceTree, path: Path) -> Iterator[FunctionRef]:
             yield FunctionRef(stmt, path, tree)
     for cls in tree.classes_in(path):
         for node in cls.methods.values():
-            yield FunctionRef(node, path, tree, owner=cls)
+            yield FunctionRef.method(cls, node)
 
 
 def functions_named(tree: SourceTree, name: str, under: str = "") -> list[FunctionRef]:
@@ -201,21 +158,6 @@ def _memo(tree: SourceTree) -> _Memo:
     if memo is None:
         memo = _MEMOS[tree] = _Memo()
     return memo
-
-
-def lookup(
-    tree: SourceTree, cls: ClassInfo, method: str, after: ClassInfo | None = None
-) -> FunctionRef | None:
-    """The method ``cls().method`` resolves to (``super(after, self).method`` when ``after`` is
-    given), as a ``FunctionRef`` owned by its defining class."""
-    mro = tree.mro(cls)
-    if after is not None:
-        mro = mro[mro.index(after) + 1 :] if after in mro else []
-    for klass in mro:
-        node = klass.methods.get(method)
-        if node is not None:
-            return FunctionRef(node, klass.path, tree, owner=klass)
-    return None
 
 
 def annotation_names(node: ast.expr | None) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from npudoctor.source import ClassInfo, MethodRef, SourceTree, is_self
+from npudoctor.source import ClassInfo, FunctionRef, SourceTree, is_self
 
 
 class _Unknown:
@@ -148,7 +148,7 @@ class LayoutEvaluator:
         return UNKNOWN if method is None else self._invoke(method, [], {})
 
     # ----- execution ---------------------------------------------------------------
-    def _invoke(self, method: MethodRef, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def _invoke(self, method: FunctionRef, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if self._depth >= _MAX_DEPTH:
             return UNKNOWN
         local = self._bind(method.node.args, args, kwargs)
@@ -184,7 +184,7 @@ class LayoutEvaluator:
                 local[name] = value
         return local
 
-    def _run(self, body: list[ast.stmt], env: _Env, method: MethodRef) -> _Return | None:
+    def _run(self, body: list[ast.stmt], env: _Env, method: FunctionRef) -> _Return | None:
         for index, stmt in enumerate(body):
             if isinstance(stmt, ast.Return):
                 return _Return(self._eval(stmt.value, env, method) if stmt.value else None)
@@ -213,7 +213,7 @@ class LayoutEvaluator:
             self._exec(stmt, env, method)
         return None
 
-    def _exec(self, stmt: ast.stmt, env: _Env, method: MethodRef) -> None:
+    def _exec(self, stmt: ast.stmt, env: _Env, method: FunctionRef) -> None:
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
             value = self._eval(stmt.value, env, method)
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
@@ -245,7 +245,7 @@ class LayoutEvaluator:
                 self._store(element, values[i] if values else UNKNOWN, env)
 
     # ----- expressions -------------------------------------------------------------
-    def _decide(self, test: ast.expr, env: _Env, method: MethodRef) -> bool | None:
+    def _decide(self, test: ast.expr, env: _Env, method: FunctionRef) -> bool | None:
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             inner = self._decide(test.operand, env, method)
             return None if inner is None else not inner
@@ -268,7 +268,7 @@ class LayoutEvaluator:
         value = self._eval(test, env, method)
         return value if isinstance(value, bool) else None
 
-    def _eval(self, node: ast.expr, env: _Env, method: MethodRef) -> Any:
+    def _eval(self, node: ast.expr, env: _Env, method: FunctionRef) -> Any:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or node.value is None or isinstance(node.value, str):
                 return node.value
@@ -320,7 +320,7 @@ class LayoutEvaluator:
             return self._invoke(prop, [], {})
         return Sym.atom(name)
 
-    def _eval_call(self, node: ast.Call, env: _Env, method: MethodRef) -> Any:
+    def _eval_call(self, node: ast.Call, env: _Env, method: FunctionRef) -> Any:
         func = node.func
         if isinstance(func, ast.Name) and func.id == "get_bool_env_var" and node.args:
             name = self._eval(node.args[0], env, method)
@@ -363,7 +363,7 @@ class LayoutEvaluator:
                 return _reshape(value, node.args, args)
         return UNKNOWN
 
-    def _factory(self, node: ast.Call, env: _Env, method: MethodRef) -> Any:
+    def _factory(self, node: ast.Call, env: _Env, method: FunctionRef) -> Any:
         shape_node = (
             node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "size"), None)
         )

@@ -77,15 +77,27 @@ class ClassInfo:
 
 
 @dataclass(frozen=True)
-class MethodRef:
-    """A method as resolved on some class: the class that defines it and its node."""
+class FunctionRef:
+    """A function or method definition found in the tree: for a method, as resolved on some class
+    (``owner`` is the class whose body defines it)."""
 
-    owner: ClassInfo
-    node: ast.FunctionDef | ast.AsyncFunctionDef
+    node: FunctionNode
+    path: Path
+    tree: SourceTree
+    owner: ClassInfo | None = None  # the class whose body defines it, for methods
+    outer: FunctionRef | None = None  # the function it is nested in, for closures
+
+    @property
+    def name(self) -> str:
+        return self.node.name
 
     @property
     def qualname(self) -> str:
-        return f"{self.owner.name}.{self.node.name}"
+        if self.owner is not None:
+            return f"{self.owner.name}.{self.node.name}"
+        if self.outer is not None:
+            return f"{self.outer.qualname}.<locals>.{self.node.name}"
+        return self.node.name
 
     @property
     def line(self) -> int:
@@ -93,10 +105,22 @@ class MethodRef:
 
     @property
     def relpath(self) -> str:
-        return self.owner.relpath
+        return self.tree.relpath(self.path)
 
-    def where(self) -> str:
-        return f"{self.relpath}:{self.line}"
+    def where(self, line: int | None = None) -> str:
+        return f"{self.relpath}:{self.line if line is None else line}"
+
+    @property
+    def parameters(self) -> list[ast.arg]:
+        args = self.node.args
+        return [*args.posonlyargs, *args.args, *([args.vararg] if args.vararg else []), *args.kwonlyargs]
+
+    def __str__(self) -> str:
+        return f"{self.qualname} ({self.where()})"
+
+    @classmethod
+    def method(cls, owner: ClassInfo, node: FunctionNode) -> FunctionRef:
+        return cls(node, owner.path, owner.tree, owner=owner)
 
 
 @dataclass(frozen=True)
@@ -104,7 +128,7 @@ class AttributeUse:
     """A ``self.<name>`` read or assignment, with the method it appears in."""
 
     name: str
-    method: MethodRef
+    method: FunctionRef
     line: int
 
     def where(self) -> str:
@@ -278,7 +302,10 @@ class SourceTree:
                         return self.resolve_name(path, target)
         if "." not in name:
             candidates = [
-                c for f in self.files_containing(f"class {name}") for c in self.classes_in(f) if c.name == name
+                c
+                for f in self.files_containing(f"class {name}")
+                for c in self.classes_in(f)
+                if c.name == name
             ]
             if len(candidates) == 1:
                 return candidates[0]
@@ -338,15 +365,15 @@ class SourceTree:
     def is_subclass(self, cls: ClassInfo, base_name: str) -> bool:
         return any(c.name == base_name for c in self.mro(cls))
 
-    def lookup(self, mro: list[ClassInfo], method: str, start: int = 0) -> MethodRef | None:
+    def lookup(self, mro: list[ClassInfo], method: str, start: int = 0) -> FunctionRef | None:
         for klass in mro[start:]:
             node = klass.methods.get(method)
             if node is not None:
-                return MethodRef(klass, node)
+                return FunctionRef.method(klass, node)
         return None
 
     # ----- attribute flow ----------------------------------------------------------
-    def construction_methods(self, cls: ClassInfo) -> list[MethodRef]:
+    def construction_methods(self, cls: ClassInfo) -> list[FunctionRef]:
         """The methods ``cls(...)`` runs: its ``__init__`` and what that calls on ``self``/``super()``."""
         mro = self.mro(cls)
         start = self.lookup(mro, "__init__")
@@ -360,7 +387,7 @@ class SourceTree:
                 assigned.setdefault(use.name, use)
         return assigned
 
-    def reads(self, cls: ClassInfo, method: MethodRef) -> dict[str, AttributeUse]:
+    def reads(self, cls: ClassInfo, method: FunctionRef) -> dict[str, AttributeUse]:
         """``self`` attributes that calling ``method`` on a ``cls`` reads, following its calls."""
         mro = self.mro(cls)
         found: dict[str, AttributeUse] = {}
@@ -369,9 +396,9 @@ class SourceTree:
                 found.setdefault(use.name, use)
         return found
 
-    def _reachable_methods(self, mro: list[ClassInfo], start: MethodRef) -> list[MethodRef]:
+    def _reachable_methods(self, mro: list[ClassInfo], start: FunctionRef) -> list[FunctionRef]:
         """``start`` and every method it transitively calls on ``self`` (incl. via ``super()``)."""
-        order: list[MethodRef] = []
+        order: list[FunctionRef] = []
         seen: set[tuple[int, str]] = set()
         stack = [start]
         index = {id(c): i for i, c in enumerate(mro)}
@@ -388,7 +415,7 @@ class SourceTree:
                     stack.append(target)
         return order
 
-    def _call_target(self, mro, index, caller: MethodRef, call: ast.Call) -> MethodRef | None:
+    def _call_target(self, mro, index, caller: FunctionRef, call: ast.Call) -> FunctionRef | None:
         func = call.func
         receiver = func.value
         if is_self(receiver):
@@ -468,7 +495,7 @@ def _calls(func: ast.AST) -> Iterator[ast.Call]:
             yield node
 
 
-def _self_assignments(ref: MethodRef) -> Iterator[AttributeUse]:
+def _self_assignments(ref: FunctionRef) -> Iterator[AttributeUse]:
     for node in _own_nodes(ref.node):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_self(node.value):
             yield AttributeUse(node.attr, ref, node.lineno)
@@ -484,7 +511,7 @@ def _self_assignments(ref: MethodRef) -> Iterator[AttributeUse]:
             yield AttributeUse(node.args[1].value, ref, node.lineno)
 
 
-def _self_reads(ref: MethodRef) -> Iterator[AttributeUse]:
+def _self_reads(ref: FunctionRef) -> Iterator[AttributeUse]:
     guarded = {
         node.args[1].value
         for node in _own_nodes(ref.node)

@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS = {"npudoctor": REPO / "npudoctor", "npudoctor.checks": REPO / "checks", "npudoctor.fixes": REPO / "fixes"}
+ROOTS = {
+    "npudoctor": REPO / "npudoctor",
+    "npudoctor.checks": REPO / "checks",
+    "npudoctor.fixes": REPO / "fixes",
+}
 
 
 def modules() -> dict[str, Path]:

@@ -11,7 +11,7 @@ import ast
 from npudoctor.check import Probe
 from npudoctor.pools import npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import ClassInfo, MethodRef, SourceTree
+from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
 OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 
@@ -144,7 +144,7 @@ def _round_trip_ok(tree: SourceTree, cls: ClassInfo) -> Evidence:
     )
 
 
-def _only_raises_not_implemented(method: MethodRef) -> bool:
+def _only_raises_not_implemented(method: FunctionRef) -> bool:
     body = [
         s for s in method.node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
     ]

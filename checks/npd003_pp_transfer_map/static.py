@@ -8,7 +8,7 @@ import ast
 
 from npudoctor.check import Probe
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import ClassInfo, MethodRef, SourceTree
+from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
 _LAYER_COUNT_HINTS = ("total_kv_layers", "hidden_kv_layers", "draft_kv_layers", "num_draft")
 
@@ -52,7 +52,7 @@ def probe(
     return Probe(worst, summary, evidence, assumptions, roles)
 
 
-def _ascend_manager(tree: SourceTree) -> tuple[ClassInfo, MethodRef] | None:
+def _ascend_manager(tree: SourceTree) -> tuple[ClassInfo, FunctionRef] | None:
     for path in tree.files_containing("send_kvcache", under="srt/disaggregation"):
         if "ascend" not in tree.relpath(path).lower():
             continue
@@ -64,7 +64,7 @@ def _ascend_manager(tree: SourceTree) -> tuple[ClassInfo, MethodRef] | None:
 
 
 def _family_findings(
-    tree, cls, send: MethodRef, family: str, draft_layers: int
+    tree, cls, send: FunctionRef, family: str, draft_layers: int
 ) -> list[tuple[Status, Evidence]]:
     pp_branch = _pp_branch(send)
     if pp_branch is None:
@@ -87,7 +87,7 @@ def _family_findings(
     return _with_draft_layers(finding, family, splitter, text, draft_layers)
 
 
-def _pp_branch(send: MethodRef) -> ast.If | None:
+def _pp_branch(send: FunctionRef) -> ast.If | None:
     """The ``if ...pp_size...`` branch of ``send_kvcache``, if any."""
     pp_branches = [
         n for n in ast.walk(send.node) if isinstance(n, ast.If) and "pp_size" in ast.unparse(n.test)
@@ -96,7 +96,7 @@ def _pp_branch(send: MethodRef) -> ast.If | None:
     return next((b for b in pp_branches if _splitter_calls(b.body)), pp_branches[0] if pp_branches else None)
 
 
-def _no_pp_handling(send: MethodRef) -> Evidence:
+def _no_pp_handling(send: FunctionRef) -> Evidence:
     return Evidence(
         expected=f"{send.qualname} to map each PP stage's layers onto the decode layers they belong to",
         observed=(
@@ -107,7 +107,7 @@ def _no_pp_handling(send: MethodRef) -> Evidence:
     )
 
 
-def _unrecognised_pp_branch(send: MethodRef, pp_branch: ast.If, family: str) -> Evidence:
+def _unrecognised_pp_branch(send: FunctionRef, pp_branch: ast.If, family: str) -> Evidence:
     kind = "MLA" if family == "mla" else "MHA"
     return Evidence(
         expected=f"the PP branch of {send.qualname} to call a pointer splitter for {kind} pools",
@@ -116,7 +116,7 @@ def _unrecognised_pp_branch(send: MethodRef, pp_branch: ast.If, family: str) -> 
     )
 
 
-def _missing_splitter(cls: ClassInfo, send: MethodRef, call: ast.Call, call_at: str) -> Evidence:
+def _missing_splitter(cls: ClassInfo, send: FunctionRef, call: ast.Call, call_at: str) -> Evidence:
     return Evidence(
         expected=f"{cls.name}.{call.func.attr} to exist",
         observed=f"{call.func.attr} (called at {call_at}): not found in the MRO of {cls.name}",
@@ -125,7 +125,7 @@ def _missing_splitter(cls: ClassInfo, send: MethodRef, call: ast.Call, call_at: 
 
 
 def _mla_splitter_finding(
-    tree: SourceTree, splitter: MethodRef, text: str, branch_at: str, call_at: str, where: Location
+    tree: SourceTree, splitter: FunctionRef, text: str, branch_at: str, call_at: str, where: Location
 ) -> tuple[Status, Evidence]:
     """An MLA splitter must slice each buffer group at the stage offset, with the group count
     set by the code that registers the pointer lists."""
@@ -178,7 +178,7 @@ def _mla_splitter_finding(
 
 
 def _mha_splitter_finding(
-    splitter: MethodRef, text: str, branch_at: str, where: Location
+    splitter: FunctionRef, text: str, branch_at: str, where: Location
 ) -> tuple[Status, Evidence]:
     """An MHA splitter must split the list into K and V halves and slice each at the stage offset."""
     expected = "MHA pointer lists split into K and V halves, each sliced at prefill_start_layer"
@@ -193,7 +193,7 @@ def _mha_splitter_finding(
 
 
 def _with_draft_layers(
-    finding: tuple[Status, Evidence], family: str, splitter: MethodRef, text: str, draft_layers: int
+    finding: tuple[Status, Evidence], family: str, splitter: FunctionRef, text: str, draft_layers: int
 ) -> list[tuple[Status, Evidence]]:
     """The family's finding, judged again when decode has draft layers the splitter may not
     know of (it reads none of the layer counts the producer sets)."""
@@ -206,7 +206,7 @@ def _with_draft_layers(
     return [finding]
 
 
-def _guessed_draft_layers(splitter: MethodRef, draft_layers: int) -> Evidence:
+def _guessed_draft_layers(splitter: FunctionRef, draft_layers: int) -> Evidence:
     """An MHA splitter that knows no layer count infers decode's draft layers from the pointer
     counts (``dst_layers % stage_layers``): right for some PP layer splits, wrong for others
     (an uneven split, e.g. 61 layers as 30 + 31). The arithmetic depends on the split, which
@@ -222,7 +222,7 @@ def _guessed_draft_layers(splitter: MethodRef, draft_layers: int) -> Evidence:
     )
 
 
-def _shifted_draft_layers(splitter: MethodRef, draft_layers: int) -> Evidence:
+def _shifted_draft_layers(splitter: FunctionRef, draft_layers: int) -> Evidence:
     """An MLA splitter that knows no layer count takes decode's from the pointer list length,
     which counts the draft layers too: every group after the first is sliced too late."""
     return Evidence(
@@ -235,7 +235,7 @@ def _shifted_draft_layers(splitter: MethodRef, draft_layers: int) -> Evidence:
     )
 
 
-def _location(method: MethodRef, line: int | None = None) -> Location:
+def _location(method: FunctionRef, line: int | None = None) -> Location:
     """``method`` as a location: its definition, or ``line`` inside it."""
     return Location(method.relpath, method.line if line is None else line, method.qualname)
 
@@ -263,7 +263,7 @@ def _family_branch(pp_branch: ast.If, family: str) -> list[ast.stmt]:
     return pp_branch.body
 
 
-def _returned_arity(method: MethodRef) -> int | None:
+def _returned_arity(method: FunctionRef) -> int | None:
     for node in ast.walk(method.node):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             return len(node.value.elts)

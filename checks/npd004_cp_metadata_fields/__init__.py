@@ -70,10 +70,10 @@ import ast
 from dataclasses import dataclass, field
 
 from npudoctor.check import Check, Probe
-from npudoctor.dataflow import FunctionRef, calls_to, enclosing_tests, functions_named
+from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.facts import Facts, RoleFacts, role_facts
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import SourceTree
+from npudoctor.source import FunctionRef, SourceTree
 from npudoctor.target import Target
 
 from . import live as live_probe

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from npudoctor.check import Probe
-from npudoctor.dataflow import FunctionRef, calls_to, enclosing_tests, functions_named
+from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import SourceTree
+from npudoctor.source import FunctionRef, SourceTree
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from npudoctor.check import Probe
 from npudoctor.dataflow import (
-    FunctionRef,
     aliases,
     annotation_classes,
     annotation_names,
@@ -28,7 +27,6 @@ from npudoctor.dataflow import (
     imported_module,
     instance_attributes,
     is_external_name,
-    lookup,
     module_function,
     name_classes,
     nested_function,
@@ -37,7 +35,7 @@ from npudoctor.dataflow import (
     subclasses,
 )
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import ClassInfo, SourceTree
+from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
 # CP metadata classes are found by this name suffix, then by inheritance.
 METADATA_SUFFIX = "ContextParallelMetadata"
@@ -395,7 +393,7 @@ class PathWalk:
         tree, names = self.tree, {c.name for c in self.metadata.classes}
         built: set[ClassInfo] = set()
         for name in sorted({m for klass in tree.mro(self_cls) for m in klass.methods}):
-            method = lookup(tree, self_cls, name)
+            method = _method_of(tree, self_cls, name)
             returned = annotation_names(method.node.returns) + [
                 ast.unparse(n.value.func)
                 for n in ast.walk(method.node)
@@ -430,7 +428,7 @@ class PathWalk:
             return None
         receiver, method = func.value, func.attr
         if _is_name(receiver, "self") and self_cls is not None:
-            found = lookup(tree, self_cls, method)
+            found = _method_of(tree, self_cls, method)
             return None if found is None else [(found, self_cls, True)]
         if (
             isinstance(receiver, ast.Call)
@@ -438,7 +436,7 @@ class PathWalk:
             and self_cls is not None
             and ref.owner is not None
         ):
-            found = lookup(tree, self_cls, method, after=ref.owner)
+            found = _method_of(tree, self_cls, method, after=ref.owner)
             return None if found is None else [(found, self_cls, True)]
         root = receiver
         while isinstance(root, ast.Attribute):
@@ -460,7 +458,7 @@ class PathWalk:
         targets = []
         for klass in classes:  # virtual dispatch: the declared class and every subclass in the tree
             for impl in (klass, *subclasses(tree, klass)):
-                found = lookup(tree, impl, method)
+                found = _method_of(tree, impl, method)
                 if found is not None:
                     targets.append((found, impl, True))
         return targets or None
@@ -707,3 +705,13 @@ def _field_of(evidence: Evidence) -> str | None:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _method_of(
+    tree: SourceTree, cls: ClassInfo, name: str, after: ClassInfo | None = None
+) -> FunctionRef | None:
+    """The method ``cls().name`` resolves to, or ``super(after, self).name`` when ``after`` is given."""
+    mro = tree.mro(cls)
+    if after is None:
+        return tree.lookup(mro, name)
+    return tree.lookup(mro, name, mro.index(after) + 1) if after in mro else None

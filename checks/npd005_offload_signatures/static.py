@@ -30,7 +30,7 @@ from npudoctor.signatures import (
     self_attribute,
     signature_text,
 )
-from npudoctor.source import ClassInfo, MethodRef, SourceTree
+from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
 OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 POOL, ALLOCATOR = "KV pool", "allocator"
@@ -53,7 +53,7 @@ class _Site:
     caller: ClassInfo | None
     shape: CallShape
     family: str | None = None  # an open call reaches every override of this hierarchy
-    target: MethodRef | None = None  # an exact call (super(), Base.m(self)) reaches this one
+    target: FunctionRef | None = None  # an exact call (super(), Base.m(self)) reaches this one
 
     @property
     def method(self) -> str:
@@ -77,7 +77,7 @@ class _Site:
 class _Override:
     """A definition of an offload method in a pool or allocator class."""
 
-    ref: MethodRef
+    ref: FunctionRef
     family: str
 
     @property
@@ -162,7 +162,9 @@ class _OffloadGraph:
                 defined = [cls.methods[m] for m in OFFLOAD_METHODS if m in cls.methods]
                 family = self.family(cls) if defined else None
                 if family is not None:
-                    self.overrides.extend(_Override(MethodRef(cls, node), family) for node in defined)
+                    self.overrides.extend(
+                        _Override(FunctionRef.method(cls, node), family) for node in defined
+                    )
 
     def _site(self, path: Path, scoped: ScopedCall, caller: ClassInfo | None) -> _Site | None:
         call, receiver = scoped.call, scoped.receiver
@@ -319,7 +321,7 @@ class _OffloadGraph:
                         user = f"{cls.name} via {how}"
         return path
 
-    def path_targets(self, site: _Site, path: _Path) -> list[MethodRef]:
+    def path_targets(self, site: _Site, path: _Path) -> list[FunctionRef]:
         """The overrides ``site`` reaches when it runs on the deployment's path (none if it does not)."""
         function = site.scoped.function
         level = path.level.get(id(function)) if function is not None else None
