@@ -45,12 +45,12 @@ import ast
 from typing import Any
 
 from npudoctor.fix import Fix, FunctionNode, Safety, calls_original
+from npudoctor.pools import OFFLOAD_METHODS
 from npudoctor.signatures import CallShape, bind_errors
 
 POOLS = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 ALLOCATOR = "sglang.srt.hardware_backend.npu.allocator_npu"
 CALLER = f"{ALLOCATOR}:NPUPagedTokenToKVPoolAllocator"  # the pool's caller on a decode server
-OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 
 
 @calls_original

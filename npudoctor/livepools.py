@@ -11,25 +11,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
-import re
 import sys
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
+from npudoctor.pools import GENERIC_POOL
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
 NPU_POOL_MODULE = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
-GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}
 PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
 T = TypeVar("T")
-
-
-_MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
 
 
 class CannotBuild(Exception):
@@ -103,39 +97,6 @@ def construct(cls: type, known: dict[str, Any]) -> Any:
         elif parameter.default is inspect.Parameter.empty:
             raise CannotBuild(f"{cls.__name__}.__init__ needs {name!r}, which npudoctor cannot derive")
     return cls(**kwargs)
-
-
-def in_role(role: RoleFacts, probe: Callable[[], T]) -> T:
-    """Run ``probe`` as the role's process would: its environment variables set (pools read
-    ``ASCEND_USE_FIA`` at construction) and, on releases with a runtime parallel context
-    (0.5.2x ``runtime_context.get_parallel``), every parallel width the code asks for set
-    to this single rank's view (sizes 1, ranks 0). Restores both afterwards."""
-    saved = {name: os.environ.get(name) for name in role.env}
-    os.environ.update(role.env)
-    try:
-        return _with_parallel_defaults(probe)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _with_parallel_defaults(probe: Callable[[], T]) -> T:
-    runtime = sys.modules.get("sglang.srt.runtime_context")
-    if runtime is None or not hasattr(runtime, "get_parallel"):
-        return probe()
-    values: dict[str, int] = {}
-    while True:
-        try:
-            with runtime.get_parallel().override(**values):
-                return probe()
-        except RuntimeError as error:
-            missing = _MISSING_PARALLEL.search(str(error))
-            if missing is None or missing.group(1) in values or len(values) > 32:
-                raise
-            values[missing.group(1)] = 0 if "rank" in missing.group(1) else 1
 
 
 def kv_buffers(pool: Any) -> dict[str, list[torch.Tensor]]:

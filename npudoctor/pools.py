@@ -13,6 +13,8 @@ from npudoctor.facts import AttentionKind, Facts
 from npudoctor.source import ClassInfo, SourceTree
 
 GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}
+# What the retract path calls on a KV pool to offload a request's KV to the CPU and bring it back.
+OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 
 
 def pool_family(kind: AttentionKind) -> str:

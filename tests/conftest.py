@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -42,18 +44,63 @@ QUICK_STATES = ("0.5.9", "0.5.13", "0.5.13+cp-gap", RELEASES[-1])
 
 def sweep(states, quick=QUICK_STATES) -> list:
     """Parameters over ``states`` (or tuples whose first item is a state) for a test that costs a
-    live run or a child interpreter per state: those in ``quick`` run in the quick tier, the others
-    are marked slow."""
+    live run or a child interpreter per state: those in ``quick`` (a state, or a whole tuple) run
+    in the quick tier, the others are marked slow."""
     return [
         value
-        if (value[0] if isinstance(value, tuple) else value) in quick
+        if value in quick or (isinstance(value, tuple) and value[0] in quick)
         else pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow)
         for value in states
     ]
 
 
+def fixprobe(
+    tree: Path,
+    mode: str,
+    check_id: str,
+    *configs: Path | str,
+    options: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
+    env: dict | None = None,
+    timeout: int = 900,
+) -> dict:
+    """Run tests/fixprobe.py (MODE CHECK_ID CONFIG... OPTIONS) in a fresh interpreter with ``tree``
+    on PYTHONPATH, after ``prefix`` (``npudoctor run --``); its JSON report, with its stderr."""
+    environment = {**os.environ, **(env or {})}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(tree), environment.get("PYTHONPATH", "")) if p
+    )
+    command = [
+        *prefix,
+        sys.executable,
+        str(REPO / "tests" / "fixprobe.py"),
+        mode,
+        check_id,
+        *map(str, configs),
+    ]
+    done = subprocess.run(
+        [*command, *options], capture_output=True, text=True, env=environment, cwd=REPO, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
 def truth_verdict(version: str, check_id: str) -> str:
     return TRUTH["releases"][version][check_id]["verdict"]
+
+
+def truth_present(version: str, check_id: str, family: str | None = None) -> bool:
+    """The defect ships in ``version`` and bites the pool ``family`` ("mla"/"mha"; any if None)."""
+    truth = TRUTH["releases"][version][check_id]
+    return truth["verdict"] == "present" and (family is None or family in truth.get("families", [family]))
+
+
+# NPD005: the line of the NPU pool's get_cpu_copy each deployment kind reaches, on the releases
+# where the truth says it refuses the allocator's keyword (the truths' evidence names them).
+NPD005_POOL_DEFS = {
+    "0.5.13": {"mla": "memory_pool_npu.py:483", "gqa": "memory_pool_npu.py:224"},
+    "0.5.14": {"mla": "memory_pool_npu.py:508"},
+}
 
 
 def truth_locations(version: str, check_id: str) -> list[str]:

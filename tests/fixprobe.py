@@ -1,19 +1,24 @@
 """Run one check's live probe in a fresh interpreter, the way a patched sglang process would.
 
-    python tests/fixprobe.py MODE CHECK_ID CONFIG      (sglang on PYTHONPATH)
+    python tests/fixprobe.py MODE CHECK_ID CONFIG...   (sglang on PYTHONPATH)
 
 MODE:
 * ``inprocess``: decide the fix like ``npudoctor fix``, enable it, probe; revert it, probe
   again, and report whether every replaced attribute is the original object again;
 * ``spawn``: probe in a ``multiprocessing`` spawn child (fixes, if any, come from the
   environment: ``npudoctor run``'s bootstrap);
-* ``plugin``: call sglang's own ``load_plugins()`` (0.5.11+) first, then probe.
+* ``plugin``: call sglang's own ``load_plugins()`` (0.5.11+) first, then probe;
+* ``compare``: probe every CONFIG unpatched, decide the fix for each, enable the first accepted
+  decision and probe them all again (``--revert``: revert it and probe once more). ``--unsafe``
+  accepts unsafe fixes; ``--prelude CODE`` runs first (a test's smaller or larger workload).
 
 Prints one JSON object on the last line of stdout.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 import multiprocessing
 import sys
@@ -35,21 +40,34 @@ def _probe(check_id: str, config: str) -> dict:
     check.live_imports()
     with npu_runtime():
         probe = check.live(discover(), _facts(config))
-    return {"status": probe.status.value, "summary": probe.summary}
+    return {
+        "status": probe.status.value,
+        "summary": probe.summary,
+        "observed": [e.observed for e in probe.evidence],
+    }
+
+
+def _owner_and_name(site: str) -> tuple[object, str]:
+    module, _, qualname = site.partition(":")
+    owner_path, _, name = qualname.rpartition(".")
+    owner = sys.modules[module]
+    for part in owner_path.split("."):
+        owner = getattr(owner, part)
+    return owner, name
 
 
 def _originals(fix) -> dict[str, int | None]:
     """id() of what each replaced attribute is now (None: not defined on the owner itself)."""
     owners = {}
     for site in fix.replaces:
-        module, _, qualname = site.partition(":")
-        owner_path, _, name = qualname.rpartition(".")
-        owner = sys.modules[module]
-        for part in owner_path.split("."):
-            owner = getattr(owner, part)
+        owner, name = _owner_and_name(site)
         value = vars(owner).get(name)
         owners[site] = None if value is None else id(value)
     return owners
+
+
+def _signatures(fix) -> dict[str, str]:
+    return {site: str(inspect.signature(getattr(*_owner_and_name(site)))) for site in fix.replaces}
 
 
 def inprocess(check_id: str, config: str) -> dict:
@@ -116,6 +134,61 @@ def plugin(check_id: str, config: str) -> dict:
     return {**result, "fixes": activation.outcomes()}
 
 
+def compare(check_id: str, configs: list[str], unsafe: bool, revert: bool) -> dict:
+    from npudoctor import activation
+    from npudoctor.fix import fix_by_id
+    from npudoctor.fixing import Action, decide
+    from npudoctor.npusim import simulated_npu
+    from npudoctor.target import discover
+
+    fix = fix_by_id(check_id)
+    with simulated_npu():
+        for module in fix.modules:
+            __import__(module)
+
+        def probes() -> dict:
+            return {config: _probe(check_id, config) for config in configs}
+
+        report: dict = {"plain": probes(), "decisions": {}}
+        accepted = None
+        for config in configs:
+            decision = decide(fix, discover(), _facts(config), allow_unsafe=unsafe)
+            report["decisions"][config] = {
+                "action": decision.action.value,
+                "reason": decision.reason,
+                "installs": list(decision.installs),
+            }
+            if accepted is None and decision.action is Action.APPLY:
+                accepted = decision
+        if accepted is None:
+            return report
+        before, plain_signatures = _originals(fix), _signatures(fix)
+        activation.enable({fix.id: accepted.shape})
+        report["outcome"] = activation.outcomes().get(fix.id)
+        report["patched"] = sorted(site for site, value in _originals(fix).items() if value != before[site])
+        report["signatures"] = {"before": plain_signatures, "with_fix": _signatures(fix)}
+        report["fixed"] = probes()
+        if revert:
+            activation.revert([fix.id])
+            report["restored"] = _originals(fix) == before
+            report["reverted"] = probes()
+    return report
+
+
 if __name__ == "__main__":
-    mode, check_id, config = sys.argv[1:4]
-    print(json.dumps({"inprocess": inprocess, "spawn": spawn, "plugin": plugin}[mode](check_id, config)))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("inprocess", "spawn", "plugin", "compare"))
+    parser.add_argument("check_id")
+    parser.add_argument("configs", nargs="+")
+    parser.add_argument("--unsafe", action="store_true")
+    parser.add_argument("--revert", action="store_true")
+    parser.add_argument("--prelude", default="")
+    options = parser.parse_args()
+    exec(options.prelude)
+    if options.mode == "compare":
+        result = compare(options.check_id, options.configs, options.unsafe, options.revert)
+    else:
+        result = {"inprocess": inprocess, "spawn": spawn, "plugin": plugin}[options.mode](
+            options.check_id, options.configs[0]
+        )
+    print(json.dumps(result))

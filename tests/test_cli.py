@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import EXAMPLES, REPO, json_report, result_of
 
 import npudoctor.runner
 from npudoctor.results import SCHEMA_VERSION
+
+from conftest import EXAMPLES, REPO, json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 
@@ -142,7 +143,7 @@ def test_installed_sglang_is_found_without_importing_it(release, tmp_path):
     """A release on sys.path with its .dist-info is what an installed sglang looks like."""
     tree = release("0.5.12")
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    code = "import sys, json; from npudoctor.cli import main; rc = main(['check', '--format', 'json', '--select', 'NPD001']); print('sglang' in sys.modules, file=sys.stderr); sys.exit(rc)"
+    code = "import sys, json; from npudoctor.cli import main; rc = main(['check', '--format', 'json', '--depth', 'static', '--select', 'NPD001']); print('sglang' in sys.modules, file=sys.stderr); sys.exit(rc)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import EXAMPLES
 
 from npudoctor import deployment
 from npudoctor.errors import InputError
 from npudoctor.facts import AttentionKind, ModelFacts
 from npudoctor.launch import parse_command
+
+from conftest import EXAMPLES
 
 MODELS = EXAMPLES / "models"
 

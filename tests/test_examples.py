@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import EXAMPLES, RELEASES, REPO, TRUTH, result_of
 
 CI = EXAMPLES / "ci"
@@ -162,7 +163,7 @@ def test_swa_example_reads_the_text_config(cli, subject):
 
 
 def test_swa_example_before_callers_pass_keywords(cli, release):
-    # 0.5.10 (not in known.yaml; read from its source): the scheduler calls
+    # 0.5.10 (known.yaml: NPD005 absent, callers pass no keywords): the scheduler calls
     # get_cpu_copy(token_indices) without keywords (managers/schedule_batch.py:1230), and the
     # ascend branch of the model runner builds SWAKVPool over NPUMHATokenToKVPool with
     # SWATokenToKVPoolAllocator: nothing to bind wrongly -> pass, and the path is named.

@@ -13,9 +13,10 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, RELEASES, REPO, TRUTH, replace_text, truth_verdict
 
 from npudoctor.fix import all_fixes
+
+from conftest import EXAMPLES, RELEASES, REPO, TRUTH, fixprobe, replace_text, truth_verdict
 
 # The deployment each fix is proven on: one where its check's defect bites.
 SCENARIOS = {
@@ -38,25 +39,6 @@ def buggy(fix_id: str) -> list[str]:
 
 def fixed(fix_id: str) -> list[str]:
     return [v for v in RELEASES if truth_verdict(v, fix_id) == "absent"]
-
-
-def fixprobe(mode: str, fix_id: str, tree: Path, *prefix: str, env: dict | None = None) -> dict:
-    """Run tests/fixprobe.py in a fresh interpreter with ``tree`` on PYTHONPATH."""
-    environment = {**os.environ, **(env or {})}
-    environment["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(tree), environment.get("PYTHONPATH", "")) if p
-    )
-    command = [
-        *prefix,
-        sys.executable,
-        str(REPO / "tests" / "fixprobe.py"),
-        mode,
-        fix_id,
-        str(SCENARIOS[fix_id]),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 def test_every_fix_has_a_scenario_and_a_check():
@@ -90,7 +72,7 @@ def _fix_cases() -> list:
 
 @pytest.mark.parametrize(("fix_id", "version"), _fix_cases())
 def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, subject):
-    result = fixprobe("inprocess", fix_id, subject(version))
+    result = fixprobe(subject(version), "inprocess", fix_id, SCENARIOS[fix_id])
     assert result["decision"] == "apply", result
     assert result["with_fix"]["status"] == "pass", result
     assert result["after_revert"]["status"] == "fail", result
@@ -140,16 +122,23 @@ def test_npudoctor_run_reaches_a_spawned_child(fix_id, subject):
         *(["--unsafe"] if fix_by_id(fix_id).safety is Safety.UNSAFE else []),
         "--",
     ]
-    result = fixprobe("spawn", fix_id, subject(version), *run)
+    result = fixprobe(subject(version), "spawn", fix_id, SCENARIOS[fix_id], prefix=tuple(run))
     assert result["status"] == "pass" and result["fixes"] == {fix_id: "applied"}, result
-    unpatched = fixprobe("spawn", fix_id, subject(version))
+    unpatched = fixprobe(subject(version), "spawn", fix_id, SCENARIOS[fix_id])
     assert unpatched["status"] == "fail" and unpatched["fixes"] == {}
 
 
 @pytest.mark.slow
 def test_kill_switch_leaves_every_process_unpatched(release):
     run = [sys.executable, "-m", "npudoctor", "run", "--config", str(SCENARIOS["NPD001"]), "--"]
-    result = fixprobe("spawn", "NPD001", release("0.5.12"), *run, env={"NPUDOCTOR_DISABLE_FIXES": "1"})
+    result = fixprobe(
+        release("0.5.12"),
+        "spawn",
+        "NPD001",
+        SCENARIOS["NPD001"],
+        prefix=tuple(run),
+        env={"NPUDOCTOR_DISABLE_FIXES": "1"},
+    )
     assert result["status"] == "fail" and result["fixes"] == {}
     assert "NPUDOCTOR_DISABLE_FIXES is set" in result["stderr"]
 

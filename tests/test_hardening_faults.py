@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, json_report, replace_text, result_of
 
 from npudoctor import registration
 from npudoctor.check import all_checks
 from npudoctor.fixing import BOOTSTRAP_DIR
+
+from conftest import EXAMPLES, json_report, replace_text, result_of, sweep
 
 NPU = "sglang/srt/hardware_backend/npu"
 MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
@@ -141,6 +142,7 @@ def test_sglang_that_does_not_import_at_depth_live_is_an_error_per_check(cli, br
 # -- a torch_npu whose import raises ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_broken_torch_npu_counts_as_no_npu_and_live_still_runs(cli, release, tmp_path, monkeypatch):
     """A torch_npu that raises at import (a driver mismatch, a missing libascendcl.so) is no real
     NPU: the live child simulates one and runs the probes."""
@@ -502,7 +504,7 @@ CRASHES = {
 }
 
 
-@pytest.mark.parametrize("crash", sorted(CRASHES))
+@pytest.mark.parametrize("crash", sweep(sorted(CRASHES), quick=("segfault",)))
 def test_live_child_crash_keeps_the_static_result(cli, release, overlay, crash):
     """NPD002's live probe calls the NPU MHA pool's get_contiguous_buf_infos: it dies there."""
     code_line, reason = CRASHES[crash]
@@ -521,6 +523,7 @@ def test_live_child_crash_keeps_the_static_result(cli, release, overlay, crash):
     assert any(a.startswith(f"live depth not run: {reason}") for a in result["assumptions"])
 
 
+@pytest.mark.slow
 def test_native_writes_to_stdout_do_not_corrupt_the_live_answer(cli, release, overlay):
     """Native code (CANN, a C extension) writing to fd 1 while a probe runs: the answer survives."""
     tree = overlay(release("0.5.12"))

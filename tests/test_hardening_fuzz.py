@@ -25,13 +25,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES as EXAMPLE_DIR
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import npudoctor.runner
 from npudoctor.cli import main
 from npudoctor.target import discover
+
+from conftest import EXAMPLES as EXAMPLE_DIR
 
 # bounded so the suite stays fast; NPUDOCTOR_FUZZ_EXAMPLES=5000 for a deeper local run
 EXAMPLES = int(os.environ.get("NPUDOCTOR_FUZZ_EXAMPLES", "150"))

@@ -20,61 +20,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, RELEASES, REPO, replace_text, truth_verdict
 
 from npudoctor.fix import fix_by_id
 from npudoctor.target import discover
+
+from conftest import EXAMPLES, RELEASES, REPO, fixprobe, replace_text, truth_verdict
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), 61 layers, no draft model
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP
 QWEN3 = EXAMPLES / "models" / "qwen3-30b-a3b" / "config.json"  # GQA, 48 layers
 CONN = "sglang/srt/disaggregation/ascend/conn.py"
-# 0.5.10 is not in known.yaml; it ships 0.5.11's ascend/conn.py (asserted below), so it is
-# probed with the releases that truth says carry the defect.
-PRESENT = [v for v in RELEASES if truth_verdict(v, "NPD003") == "present"]
-WRITTEN_FOR = sorted({*PRESENT, "0.5.10"}, key=lambda v: tuple(map(int, v.split("."))))
+# The releases that truth says carry the defect (0.5.10 ships 0.5.11's ascend/conn.py, asserted below).
+WRITTEN_FOR = [v for v in RELEASES if truth_verdict(v, "NPD003") == "present"]
 ABSENT = [v for v in RELEASES if truth_verdict(v, "NPD003") == "absent"]
-
-# Runs in a fresh interpreter with a release on PYTHONPATH: NPD003's live probe on each
-# deployment, unpatched, then with the fix decided for the first one and enabled.
-PROBE = """
-import json, sys
-from pathlib import Path
-from npudoctor import activation
-from npudoctor.check import all_checks
-from npudoctor.deployment import from_yaml
-from npudoctor.fix import fix_by_id
-from npudoctor.fixing import Action, decide
-from npudoctor.npusim import npu_runtime, simulated_npu
-from npudoctor.target import discover
-
-configs = sys.argv[1:]
-check = next(c for c in all_checks() if c.id == "NPD003")
-fix = fix_by_id("NPD003")
-
-def probes():
-    found = {}
-    for config in configs:
-        with npu_runtime():
-            probe = check.live(discover(), from_yaml(Path(config)).facts)
-        found[config] = {
-            "status": probe.status.value,
-            "summary": probe.summary,
-            "stages": [e.observed for e in probe.evidence if e.observed.startswith("prefill stage")],
-        }
-    return found
-
-with simulated_npu():
-    check.live_imports()
-    report = {"plain": probes()}
-    decision = decide(fix, discover(), from_yaml(Path(configs[0])).facts, allow_unsafe=True)
-    report["decision"] = decision.action.value
-    if decision.action is Action.APPLY:
-        activation.enable({fix.id: decision.shape})
-        report["outcome"] = activation.outcomes().get(fix.id)
-        report["fixed"] = probes()
-print(json.dumps(report))
-"""
 
 
 def deployment(
@@ -151,22 +109,20 @@ def probed(release, deployments):
 
     def run(version: str) -> dict:
         if version not in cache:
-            tree = release(version)
-            env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p),
-            }
-            done = subprocess.run(
-                [sys.executable, "-c", PROBE, *map(str, deployments.values())],
-                capture_output=True, text=True, env=env, cwd=REPO, timeout=1500,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr[-3000:]
-            raw = json.loads(done.stdout.strip().splitlines()[-1])
+            raw = fixprobe(
+                release(version),
+                "compare",
+                "NPD003",
+                *deployments.values(),
+                options=("--unsafe",),
+                timeout=1500,
+            )
             names = {str(path): name for name, path in deployments.items()}
             cache[version] = {
-                **raw,
+                "decision": raw["decisions"][str(next(iter(deployments.values())))]["action"],
+                **{key: raw[key] for key in ("outcome",) if key in raw},
                 **{
-                    key: {names[c]: r for c, r in raw[key].items()}
+                    key: {names[c]: {**r, "stages": _stages(r)} for c, r in raw[key].items()}
                     for key in ("plain", "fixed")
                     if key in raw
                 },
@@ -174,6 +130,10 @@ def probed(release, deployments):
         return cache[version]
 
     return run
+
+
+def _stages(result: dict) -> list[str]:
+    return [line for line in result["observed"] if line.startswith("prefill stage")]
 
 
 def stage_sizes(result: dict) -> list[str]:
@@ -186,6 +146,7 @@ def test_0510_ships_the_ascend_transfer_code_of_0511(release):
     assert fix.known_release(fix.shape_of_source(discover(release("0.5.10")).tree)) == "0.5.10"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", WRITTEN_FOR)
 def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
     """MLA (K, V), MLA + indexer, MHA; even and uneven splits; no draft, MTP/EAGLE3 draft on a
@@ -208,6 +169,7 @@ def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
         assert plain["qwen3"]["status"] == "fail" and "V0 -> K24" in plain["qwen3"]["stages"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", WRITTEN_FOR)
 def test_pairs_per_stage_with_the_fix(probed, version):
     """The exact pairs of the first and last buffers of each stage (the probe quotes them)."""
@@ -238,6 +200,7 @@ def test_pairs_per_stage_with_the_fix(probed, version):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_decode_layer_count_is_the_served_models(probed):
     """Same pointer counts, different models: stage 0 holds 30 layers (60 pointers) and decode 62
     layers per group (124 pointers) in both, 61 + 1 MTP layer or 60 + 2. 0.5.11's splitter sees
@@ -351,6 +314,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 def test_the_replacement_refuses_lists_it_cannot_map(release):
     """Pointer counts that are not whole buffer groups of the stage's layers, or a stage start the
     partition does not give, raise instead of guessing; a consistent one maps group by group."""

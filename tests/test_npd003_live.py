@@ -12,7 +12,8 @@ import json
 import re
 
 import pytest
-from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, truth_verdict
+
+from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, sweep, truth_verdict
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), no draft model
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP
@@ -49,8 +50,10 @@ def qwen3_pp2(tmp_path, decode: str = "", prefill_env: str = "") -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("example", [DEEPSEEK_V3, DEEPSEEK_V32], ids=lambda p: p.stem)
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize(
+    "example", [DEEPSEEK_V3, pytest.param(DEEPSEEK_V32, marks=pytest.mark.slow)], ids=lambda p: p.stem
+)
+@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.9", "0.5.23")))
 def test_live_verdict_matches_truth(live_report, version, example):
     result = npd003(live_report(version, example))
     assert result["depth"] == "live"
@@ -71,8 +74,10 @@ def test_live_verdict_matches_truth(live_report, version, example):
             assert int(wrong.group(5)) == buffers and 0 < int(wrong.group(4)) <= buffers
 
 
-@pytest.mark.parametrize("example", [DEEPSEEK_V3, DEEPSEEK_V32], ids=lambda p: p.stem)
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize(
+    "example", [DEEPSEEK_V3, pytest.param(DEEPSEEK_V32, marks=pytest.mark.slow)], ids=lambda p: p.stem
+)
+@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.9", "0.5.23")))
 def test_static_depth_agrees_with_live(cli, live_report, release, version, example):
     """The two depths reach the same verdict on the examples (else ``auto`` would warn)."""
     live = npd003(live_report(version, example))
@@ -91,6 +96,7 @@ def test_no_pp_handling_sends_stage_pointer_i_to_decode_pointer_i(live_report):
     assert "62 of 62 pairs wrong: K30 -> K0, K31 -> K1" in lines[1]
 
 
+@pytest.mark.slow
 def test_mla_through_the_mha_splitter_names_the_splitter(live_report):
     """0.5.11 halves the V3.2 list [K, V, IK] as if it were [K, V]: the path taken is evidence."""
     result = npd003(live_report("0.5.11", DEEPSEEK_V32))
@@ -105,6 +111,7 @@ def test_mla_through_the_mha_splitter_names_the_splitter(live_report):
     )
 
 
+@pytest.mark.slow
 def test_fixed_release_uses_sglangs_own_producer_and_split(live_report):
     result = npd003(live_report("0.5.12", DEEPSEEK_V32))
     assumptions = " ".join(result["assumptions"])
@@ -118,6 +125,7 @@ def test_fixed_release_uses_sglangs_own_producer_and_split(live_report):
     )
 
 
+@pytest.mark.slow
 def test_pd_bootstrap_crash_outside_the_property_is_reported(live_report):
     """0.5.12's NPU MLA pool without an indexer raises in get_state_buf_infos when sglang's PD
     bootstrap registers state buffers: reported (not hidden), while the KV mapping is judged."""
@@ -129,7 +137,7 @@ def test_pd_bootstrap_crash_outside_the_property_is_reported(live_report):
     assert len(crashes) == 2  # once per role, not once per stage
 
 
-@pytest.mark.parametrize(("version", "status"), [("0.5.9", "fail"), ("0.5.12", "pass")])
+@pytest.mark.parametrize(("version", "status"), sweep([("0.5.9", "fail"), ("0.5.12", "pass")], quick=()))
 def test_mha_deployment_with_prefill_pp(live_report, tmp_path_factory, version, status):
     """Qwen3 (GQA, 48 layers = 24 + 24): 0.5.9 has no PP handling; 0.5.11+ split K/V halves."""
     config = qwen3_pp2(tmp_path_factory.mktemp("qwen3"))
@@ -143,6 +151,7 @@ def test_mha_deployment_with_prefill_pp(live_report, tmp_path_factory, version, 
         assert "CommonKVManager.get_mha_kv_ptrs_with_pp" in lines[0]
 
 
+@pytest.mark.slow
 def test_mha_draft_layers_with_an_uneven_split_fail_even_on_the_newest_release(live_report, tmp_path_factory):
     """A sibling the property catches: the MHA splitter infers decode's draft layers from
     layer-count divisibility, wrong when the stages are uneven (SGLANG_PP_LAYER_PARTITION
@@ -160,6 +169,7 @@ def test_mha_draft_layers_with_an_uneven_split_fail_even_on_the_newest_release(l
     assert any(a.startswith("static depth: warn") for a in result["assumptions"])
 
 
+@pytest.mark.slow
 def test_no_deployment_probes_both_families_on_uneven_stages(live_report):
     result = npd003(live_report("0.5.23", None))
     assert result["depth"] == "live"
@@ -173,11 +183,13 @@ def test_no_deployment_probes_both_families_on_uneven_stages(live_report):
     assert result["status"] == "fail" and "pairs wrong" in lines[2]  # MHA + draft, 30 + 31 layers
 
 
+@pytest.mark.slow
 def test_skips_without_pipeline_parallelism(live_report):
     result = npd003(live_report("0.5.12", EXAMPLES / "qwen3-moe-pd-fia.yaml"))
     assert result["status"] == "skip" and "pp_size 1" in result["summary"]
 
 
+@pytest.mark.slow
 def test_broken_group_slicing_in_a_fixed_release_fails_live(cli, release, overlay):
     """Not any release's shape: 0.5.12's splitter slices only the first buffer group. sglang
     itself raises; that is the evidence. The static depth does not see it: the depths disagree."""
@@ -192,6 +204,7 @@ def test_broken_group_slicing_in_a_fixed_release_fails_live(cli, release, overla
     )
 
 
+@pytest.mark.slow
 def test_dropping_the_draft_layer_skip_in_the_newest_release_fails_live(cli, release, overlay):
     """Not any release's shape: 0.5.23's splitter offsets each group by decode's list length,
     draft layer included. Every V/IK pointer lands one layer late; static still reads
@@ -208,6 +221,7 @@ def test_dropping_the_draft_layer_skip_in_the_newest_release_fails_live(cli, rel
     )
 
 
+@pytest.mark.slow
 def test_deepseek_sized_run_stays_small(cli, release):
     """61 layers, page 128: the NPD003 live run costs well under 300 MB above the import."""
     report = json_report(
@@ -226,6 +240,7 @@ def test_deepseek_sized_run_stays_small(cli, release):
     assert "(live, CPU)" in json.dumps(npd003(report)["evidence"])
 
 
+@pytest.mark.slow
 def test_more_stages_than_the_assumed_model_has_layers_is_cannot_tell_not_a_hang(cli, release):
     """Without a model config the probe assumes a 61-layer model: PP 100000 has no split to probe."""
     code, out, err = cli(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, truth_locations, truth_verdict
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"

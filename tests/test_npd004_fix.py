@@ -8,67 +8,22 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, NPU_BACKEND, REPO, method_span, overlay_tree, result_of
 
 from npudoctor.fix import fix_by_id
 from npudoctor.target import discover
+
+from conftest import EXAMPLES, NPU_BACKEND, fixprobe, method_span, overlay_tree, result_of
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 FIXED = ("0.5.9", "0.5.11", "0.5.12", "0.5.13", "0.5.15", "0.5.23")
 # Three requests of different lengths, two after a radix-cache hit, lengths with remainders for
 # 2 and 4 CP ranks, spanning several pages: a midpoint split of q is wrong for every CP rank.
 BATCH = ((0, 45), (133, 158), (7, 61))  # (cached prefix, extend tokens)
-
-# Runs in a fresh interpreter with a tree on PYTHONPATH: NPD004's live probe (real
-# prepare_context_parallel_metadata, the installed do_cp_attn_fia, every CP rank, compared with
-# float64 causal attention) on BATCH, for each deployment: unpatched, then with the fix in place.
-PROBE = """
-import json, sys
-from pathlib import Path
-from npudoctor import activation
-from npudoctor.checks.npd004_cp_metadata_fields import live
-from npudoctor.check import all_checks
-from npudoctor.deployment import from_yaml
-from npudoctor.fix import fix_by_id
-from npudoctor.fixing import Action, decide
-from npudoctor.npusim import npu_runtime, simulated_npu
-from npudoctor.target import discover
-
-batch, configs = json.loads(sys.argv[1]), sys.argv[2:]
-live.SEVERAL = tuple(live.Request(prefix=p, extend=e) for p, e in batch)
-check = next(c for c in all_checks() if c.id == "NPD004")
-fix = fix_by_id("NPD004")
-
-def probes():
-    found = {}
-    for config in configs:
-        with npu_runtime():
-            probe = check.live(discover(), from_yaml(Path(config)).facts)
-        found[config] = {
-            "status": probe.status.value,
-            "summary": probe.summary,
-            "observed": [e.observed for e in probe.evidence],
-        }
-    return found
-
-with simulated_npu():
-    check.live_imports()
-    report = {"plain": probes()}
-    decision = decide(fix, discover(), from_yaml(Path(configs[0])).facts, allow_unsafe=True)
-    if decision.action is Action.APPLY:
-        activation.enable({fix.id: decision.shape})
-        report["outcome"] = activation.outcomes().get(fix.id)
-        report["fixed"] = probes()
-print(json.dumps(report))
-"""
 
 
 def splice(tree: Path, source: str) -> None:
@@ -103,18 +58,15 @@ def cp4_deployment(directory: Path) -> Path:
 
 
 def probe(tree: Path, *configs: Path) -> dict:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(BATCH), *map(str, configs)],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """NPD004's live probe (real prepare_context_parallel_metadata, the installed do_cp_attn_fia,
+    every CP rank, compared with float64 causal attention) on BATCH for each deployment,
+    unpatched, then with the fix in place."""
+    several = f"live.SEVERAL = tuple(live.Request(prefix=p, extend=e) for p, e in {BATCH!r})"
+    prelude = f"from npudoctor.checks.npd004_cp_metadata_fields import live; {several}"
+    return fixprobe(tree, "compare", "NPD004", *configs, options=("--unsafe", "--prelude", prelude))
 
 
+@pytest.mark.slow
 def test_the_replacement_is_causal_attention_for_three_requests_with_prefixes(subject, release, tmp_path):
     """On the cp-gap state the installed method raises on the metadata; swapped for the fix, every
     output row of every CP rank (2 ranks / 128-token pages, 4 ranks / 16-token pages) equals causal

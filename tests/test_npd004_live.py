@@ -9,6 +9,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+
+from npudoctor.checks.npd004_cp_metadata_fields import live
+
 from conftest import (
     EXAMPLES,
     NPU_BACKEND,
@@ -18,9 +21,9 @@ from conftest import (
     method_span,
     replace_text,
     result_of,
+    sweep,
     truth_verdict,
 )
-from npudoctor.checks.npd004_cp_metadata_fields import live
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 NO_CP = EXAMPLES / "qwen3-moe-pd-fia.yaml"
@@ -48,7 +51,7 @@ def npd004_live(cli, tree, *args: str, depth: str = "live") -> dict:
 
 
 # ----- the known truths -------------------------------------------------------------------
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.23",)))
 def test_live_verdict_matches_truth_and_static(cli, release, live_report, version):
     """Live agrees with the known truth, and with the static probe on the same deployment."""
     result = result_of(live_report(version, CP_PREFILL), "NPD004")
@@ -59,7 +62,9 @@ def test_live_verdict_matches_truth_and_static(cli, release, live_report, versio
     assert result["roles"] == ["prefill"]
 
 
-@pytest.mark.parametrize("version", [v for v in RELEASES if v not in ("0.5.9", "0.5.11", "0.5.12")])
+@pytest.mark.parametrize(
+    "version", sweep([v for v in RELEASES if v not in ("0.5.9", "0.5.11", "0.5.12")], quick=("0.5.23",))
+)
 def test_pass_evidence_names_the_batch_the_ranks_and_the_error(release, live_report, version):
     """Releases whose preparation admits several requests per CP batch are probed with two
     requests of different lengths, one after a cached prefix, on both CP ranks."""
@@ -79,6 +84,7 @@ def test_pass_evidence_names_the_batch_the_ranks_and_the_error(release, live_rep
     assert "batch of 2 requests" in result["summary"]
 
 
+@pytest.mark.slow
 def test_each_preparation_of_a_release_is_probed(live_report):
     """0.5.15 ships both preparations: Qwen3-MoE's own prepare_context_parallel_metadata call and
     the CP strategy's prepare_cp_forward (CP-v2); both feed do_cp_attn_fia and both are run."""
@@ -88,7 +94,7 @@ def test_each_preparation_of_a_release_is_probed(live_report):
     assert "metadata from prepare_cp_forward (at sglang/srt/layers/cp/utils.py:69)" in observed
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12"])
+@pytest.mark.parametrize("version", sweep(["0.5.11", "0.5.12"], quick=()))
 def test_a_one_request_gate_is_observed_live(release, live_report, version):
     """0.5.11/0.5.12: can_cp_split admits one request per CP batch. The probe calls it, as
     Qwen3-MoE's forward does, with a batch of two; it refuses, and one request is probed."""
@@ -104,6 +110,7 @@ def test_a_one_request_gate_is_observed_live(release, live_report, version):
     assert float(error) <= live.TOLERANCE and int(rows) == 158
 
 
+@pytest.mark.slow
 def test_skips_without_context_parallelism(live_report):
     result = result_of(live_report("0.5.13", NO_CP), "NPD004")
     assert result["status"] == "skip" and result["depth"] == "live"
@@ -142,6 +149,7 @@ def test_cp_gap_fails_live_with_the_removed_field(cli, cp_gap):
     assert result["remediation"]["fix_id"] == "NPD004"
 
 
+@pytest.mark.slow
 def test_cp_gap_without_a_deployment_fails_live_in_the_assumed_role(cli, cp_gap):
     result = npd004_live(cli, cp_gap)
     assert result["status"] == "fail" and result["depth"] == "live"
@@ -155,6 +163,7 @@ def test_cp_gap_without_a_deployment_fails_live_in_the_assumed_role(cli, cp_gap)
     assert "32 q heads / 4 KV heads x 128 per rank (attention TP 1)" in observed
 
 
+@pytest.mark.slow
 # ----- general, not tuned -----------------------------------------------------------------
 def test_per_request_lengths_for_cumulative_ends_are_a_numerical_mismatch(cli, release, overlay):
     """A defect no release had: 0.5.13's do_cp_attn_fia passing the per-request q lengths where

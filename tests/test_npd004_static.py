@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     EXAMPLES,
     NPU_BACKEND,

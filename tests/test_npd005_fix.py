@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, replace_text
 
 from npudoctor.deployment import from_yaml
 from npudoctor.fix import fix_by_id
 from npudoctor.fixing import Action, decide
 from npudoctor.target import discover
+
+from conftest import EXAMPLES, fixprobe, replace_text
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_MOE = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool
@@ -35,97 +34,33 @@ MHA = (f"{POOLS}:NPUMHATokenToKVPool.get_cpu_copy", f"{POOLS}:NPUMHATokenToKVPoo
 FIXED = ("0.5.9", "0.5.11", "0.5.12", "0.5.15", "0.5.23")
 ROUND_TRIP = "every bit came back"  # NPD005 live: offloaded slots overwritten, reloaded, compared
 
-# Runs in a fresh interpreter with a tree on PYTHONPATH: NPD005's live probe for each deployment
-# unpatched, with the fix as ``decide`` accepts it for the first deployment that needs it, and
-# after the revert; which replaced attributes changed, and what their signatures say.
-PROBE = """
-import inspect, json, sys
-from pathlib import Path
-from npudoctor import activation
-from npudoctor.check import all_checks
-from npudoctor.deployment import from_yaml
-from npudoctor.fix import Site, fix_by_id
-from npudoctor.fixing import Action, decide
-from npudoctor.npusim import npu_runtime, simulated_npu
-from npudoctor.target import discover
-
-configs = sys.argv[1:]
-check = next(c for c in all_checks() if c.id == "NPD005")
-fix = fix_by_id("NPD005")
-
-def probes():
-    found = {}
-    for config in configs:
-        with npu_runtime():
-            probe = check.live(discover(), from_yaml(Path(config)).facts)
-        found[Path(config).name] = {
-            "status": probe.status.value,
-            "summary": probe.summary,
-            "observed": [e.observed for e in probe.evidence],
-        }
-    return found
-
-def owner_and_name(site):
-    site = Site.parse(site)
-    owner_path, _, name = site.qualname.rpartition(".")
-    return getattr(sys.modules[site.module], owner_path), name
-
-def attributes():
-    return {site: id(vars(owner).get(name)) for site in fix.replaces for owner, name in [owner_and_name(site)]}
-
-def signatures():
-    return {site: str(inspect.signature(getattr(*owner_and_name(site)))) for site in fix.replaces}
-
-with simulated_npu():
-    check.live_imports()
-    for module in fix.modules:
-        __import__(module)
-    report = {"plain": probes(), "decisions": {}}
-    target = discover()
-    for config in configs:
-        decision = decide(fix, target, from_yaml(Path(config)).facts)
-        report["decisions"][Path(config).name] = {
-            "action": decision.action.value, "reason": decision.reason, "installs": list(decision.installs),
-        }
-    accepted = next(
-        (decide(fix, target, from_yaml(Path(c)).facts) for c in configs
-         if report["decisions"][Path(c).name]["action"] == "apply"),
-        None,
-    )
-    if accepted is not None:
-        before, plain_signatures = attributes(), signatures()
-        activation.enable({fix.id: accepted.shape})
-        report["outcome"] = activation.outcomes().get(fix.id)
-        report["patched"] = sorted(s for s, value in attributes().items() if value != before[s])
-        report["signatures"] = {"before": plain_signatures, "with_fix": signatures()}
-        report["fixed"] = probes()
-        activation.revert([fix.id])
-        report["restored"] = attributes() == before
-        report["reverted"] = probes()
-print(json.dumps(report))
-"""
-
 
 @pytest.fixture(scope="module")
 def probe(release):
-    """``probe(version)``: PROBE's report on that release for DeepSeek-V3, Qwen3-MoE and
-    DeepSeek-V3.2 (one fresh interpreter per release, run once per module)."""
+    """``probe(version)``: NPD005's live probe for DeepSeek-V3, Qwen3-MoE and DeepSeek-V3.2
+    unpatched, with the fix as ``decide`` accepts it for the first deployment that needs it, and
+    after the revert; which replaced attributes changed, and what their signatures say. Results
+    by config file name; one fresh interpreter per release, run once per module."""
     reports: dict[str, dict] = {}
 
     def run(version: str) -> dict:
         if version not in reports:
-            env = {**os.environ, "PYTHONPATH": str(release(version))}
-            configs = [str(DEEPSEEK), str(QWEN_MOE), str(DEEPSEEK_V32)]
-            done = subprocess.run(
-                [sys.executable, "-c", PROBE, *configs], capture_output=True, text=True, env=env, timeout=900
+            report = fixprobe(
+                release(version), "compare", "NPD005", DEEPSEEK, QWEN_MOE, DEEPSEEK_V32, options=("--revert",)
             )
-            assert done.returncode == 0, done.stderr[-3000:]
-            reports[version] = json.loads(done.stdout.strip().splitlines()[-1])
+            reports[version] = {
+                key: {Path(c).name: r for c, r in value.items()} if key in BY_CONFIG else value
+                for key, value in report.items()
+            }
         return reports[version]
 
     return run
 
 
+BY_CONFIG = ("plain", "decisions", "fixed", "reverted")
+
+
+@pytest.mark.slow
 def test_0513_both_pool_families_fail_pass_with_the_fix_and_fail_after_revert(probe):
     report = probe("0.5.13")
     for name in (DEEPSEEK.name, QWEN_MOE.name, DEEPSEEK_V32.name):
@@ -146,6 +81,7 @@ def test_0513_both_pool_families_fail_pass_with_the_fix_and_fail_after_revert(pr
     )
 
 
+@pytest.mark.slow
 def test_0514_only_the_mla_pool_is_replaced(probe):
     """Upstream widened the MHA pool in 0.5.14 and the MLA pool in 0.5.15: DeepSeek fails and is
     cured, Qwen3-MoE needs nothing and its pool methods stay the original objects."""

@@ -11,14 +11,18 @@ import json
 import re
 
 import pytest
+
 from conftest import (
     EXAMPLES,
+    NPD005_POOL_DEFS,
     RELEASES,
     TRUTH,
     json_report,
     replace_text,
     result_of,
+    sweep,
     truth_locations,
+    truth_present,
     truth_verdict,
 )
 
@@ -28,8 +32,7 @@ QWEN_NEXT = EXAMPLES / "qwen3-next-decode.yaml"  # hybrid: HybridLinearKVPool ov
 DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
 NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
 EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
-# The NPU pool override each deployment's path reaches in 0.5.13 (from the truth's evidence).
-NPU_LOCATION = {"mla": "memory_pool_npu.py:483", "gqa": "memory_pool_npu.py:224"}
+FAMILY = {"mla": "mla", "gqa": "mha"}
 NPU_POOL_FILE = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
 PAGED_ALLOCATOR = "sglang/srt/mem_cache/allocator/paged.py"
 LIVE = "(live, CPU)"
@@ -58,19 +61,26 @@ def delivered(result: dict) -> list[tuple[list[str], list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("kind", DEPLOYMENTS)
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize(
+    ("version", "kind"),
+    sweep([(v, k) for v in RELEASES for k in DEPLOYMENTS], quick=(("0.5.13", "mla"), ("0.5.23", "mla"))),
+)
 def test_live_verdict_matches_truth(live_report, version, kind):
     result = npd005(live_report(version, DEPLOYMENTS[kind]))
     assert result["depth"] == "live", result
     assert result["roles"] == ["decode"]
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD005")], result
+    assert result["status"] == ("fail" if truth_present(version, "NPD005", FAMILY[kind]) else "pass"), result
     if result["status"] == "pass":
         assert NPU_POOL[kind] in result["summary"]
 
 
-@pytest.mark.parametrize("kind", DEPLOYMENTS)
-@pytest.mark.parametrize("version", [v for v in RELEASES if truth_verdict(v, "NPD005") == "present"])
+@pytest.mark.parametrize(
+    ("version", "kind"),
+    sweep(
+        [(v, k) for v in RELEASES for k in DEPLOYMENTS if truth_present(v, "NPD005", FAMILY[k])],
+        quick=(("0.5.13", "mla"),),
+    ),
+)
 def test_fail_evidence_names_the_type_error_keyword_and_lines(live_report, version, kind):
     """The live TypeError is raised at the allocator line the truth names, for the keyword the truth
     says the allocator passes, against the deployment's own NPU pool override."""
@@ -78,7 +88,7 @@ def test_fail_evidence_names_the_type_error_keyword_and_lines(live_report, versi
     keywords = re.findall(r"(\w+)= ", TRUTH["releases"][version]["NPD005"]["evidence"])
     assert keywords, "the truth should name the keyword the callers pass"
     locations = truth_locations(version, "NPD005")
-    assert NPU_LOCATION[kind] in " ".join(locations)
+    assert NPD005_POOL_DEFS[version][kind] in " ".join(locations)
     live = [e for e in result["evidence"] if LIVE in e["observed"] and "TypeError" in e["observed"]]
     assert len(live) == 2, result  # get_cpu_copy and load_cpu_copy both refuse it
     for evidence in live:
@@ -94,11 +104,16 @@ def test_fail_evidence_names_the_type_error_keyword_and_lines(live_report, versi
         for e in live
         for line in re.findall(r"memory_pool_npu\.py:(\d+): def ", e["observed"])
     ]
-    assert NPU_LOCATION[kind] in defs, defs
+    assert NPD005_POOL_DEFS[version][kind] in defs, defs
 
 
-@pytest.mark.parametrize("kind", DEPLOYMENTS)
-@pytest.mark.parametrize("version", [v for v in RELEASES if truth_verdict(v, "NPD005") == "absent"])
+@pytest.mark.parametrize(
+    ("version", "kind"),
+    sweep(
+        [(v, k) for v in RELEASES for k in DEPLOYMENTS if not truth_present(v, "NPD005", FAMILY[k])],
+        quick=(("0.5.23", "mla"),),
+    ),
+)
 def test_pass_evidence_lists_the_keywords_delivered_at_each_level(live_report, version, kind):
     result = npd005(live_report(version, DEPLOYMENTS[kind]))
     calls = delivered(result)
@@ -118,6 +133,7 @@ def test_pass_evidence_lists_the_keywords_delivered_at_each_level(live_report, v
         assert raised == (truth_verdict(version, "NPD001") == "present"), text
 
 
+@pytest.mark.slow
 def test_no_deployment_assumes_a_decode_server_with_both_pool_families(live_report):
     result = npd005(live_report("0.5.13", None))
     assert result["depth"] == "live" and result["status"] == "fail", result
@@ -125,7 +141,7 @@ def test_no_deployment_assumes_a_decode_server_with_both_pool_families(live_repo
     assert "NPUMLATokenToKVPool" in result["summary"] and "NPUMHATokenToKVPool" in result["summary"]
 
 
-@pytest.mark.parametrize("version", ["0.5.9", "0.5.13", "0.5.23"])
+@pytest.mark.parametrize("version", sweep(["0.5.9", "0.5.13", "0.5.23"], quick=()))
 def test_hybrid_pool_is_built_and_both_depths_agree(live_report, version):
     """Qwen3-Next: the allocator holds HybridLinearKVPool (its MambaPool shaped by sglang's own
     config class), which holds the NPU MHA pool. 0.5.9's hybrid pool has no offload at all, 0.5.13's
@@ -144,6 +160,7 @@ def test_hybrid_pool_is_built_and_both_depths_agree(live_report, version):
         assert "mamba_indices=tensor(" in text and "and mamba slot" in text and "every bit came back" in text
 
 
+@pytest.mark.slow
 # ----- general, not tuned: chains broken in ways no release had --------------------------------------
 def test_pool_that_loses_req_pool_index_fails_live(cli, release, overlay):
     """0.5.23's NPU pools without ``req_pool_index`` (they keep ``mamba_indices``): the allocator passes
@@ -165,6 +182,7 @@ def test_pool_that_loses_req_pool_index_fails_live(cli, release, overlay):
     assert "NPUMLATokenToKVPool" in result["summary"] and "req_pool_index=" in result["summary"]
 
 
+@pytest.mark.slow
 def test_allocator_that_swallows_a_keyword_the_pool_reads_fails_live(cli, release, overlay):
     """An allocator that takes ``**kwargs`` and forwards only ``mamba_indices``, over an NPU pool
     whose ``load_cpu_copy`` uses ``req_pool_index``: every call binds, so only the record of what
@@ -211,6 +229,7 @@ def test_allocator_that_swallows_a_keyword_the_pool_reads_fails_live(cli, releas
     assert "drops req_pool_index=" in result["summary"]
 
 
+@pytest.mark.slow
 def test_allocator_that_swallows_mamba_indices_fails_live_on_a_hybrid_model(cli, release, overlay):
     """0.5.15's paged allocator rewritten to take ``**kwargs`` and call its pool with the indices
     only: every call binds, but HybridLinearKVPool, which reads mamba_indices to copy the mamba

@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conftest import (
     EXAMPLES,
+    NPD005_POOL_DEFS,
     RELEASES,
     json_report,
     replace_text,
     result_of,
     truth_locations,
-    truth_verdict,
+    truth_present,
 )
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA
@@ -22,13 +24,13 @@ QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA: the NPU MHA pool
 QWEN_NEXT = EXAMPLES / "qwen3-next-decode.yaml"  # hybrid linear attention: HybridLinearKVPool on top
 DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
 NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
-# The NPU pool override each deployment's path reaches in 0.5.13 (from the truth's evidence).
-NPU_LOCATION = {"mla": "memory_pool_npu.py:483", "gqa": "memory_pool_npu.py:224"}
+FAMILY = {"mla": "mla", "gqa": "mha"}
 NPU_POOL_FILE = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
 PAGED_ALLOCATOR = "sglang/srt/mem_cache/allocator/paged.py"
 
 # Siblings the property finds beyond known.yaml: CUDA-only DSA/NSA pools that lack mamba_indices=
-# while the allocator passes it. Off the NPU path: reported in the evidence, never counted.
+# while the allocator passes it. Off the NPU path: reported in the evidence, never counted (so is
+# the other family's NPU pool where the truth says only one family refuses the keyword).
 OFF_PATH_SIBLINGS = {"0.5.12": "NSATokenToKVPool", "0.5.13": "DSATokenToKVPool"}
 OFF_PATH_NOTE = "[not on this deployment's NPU path]"
 
@@ -49,7 +51,7 @@ def npd005(cli, tree, config=None) -> dict:
 def test_verdict_matches_truth(cli, release, version, kind):
     result = npd005(cli, release(version), DEPLOYMENTS[kind])
     assert result["roles"] == ["decode"]
-    if truth_verdict(version, "NPD005") == "present":
+    if truth_present(version, "NPD005", FAMILY[kind]):
         assert result["status"] == "fail", result
         assert NPU_POOL[kind] in result["summary"]
         return
@@ -57,15 +59,24 @@ def test_verdict_matches_truth(cli, release, version, kind):
     resolved = [e["observed"] for e in result["evidence"] if e["observed"].startswith(NPU_POOL[kind] + ".")]
     assert len(resolved) == 2, result  # get_cpu_copy and load_cpu_copy of the deployment's pool
     assert all("which binds all" in text for text in resolved)
-    if version in OFF_PATH_SIBLINGS:  # found, reported, not counted against this deployment
-        sibling = OFF_PATH_SIBLINGS[version]
-        assert sibling in result["summary"].split("also, off this deployment's NPU path:")[1]
+    other = "gqa" if kind == "mla" else "mla"
+    off_path = [
+        OFF_PATH_SIBLINGS.get(version),
+        truth_present(version, "NPD005", FAMILY[other]) and NPU_POOL[other],
+    ]
+    off_path = [name for name in off_path if name]
+    if off_path:  # found, reported, not counted against this deployment
+        also = result["summary"].split("also, off this deployment's NPU path:")[1]
         noted = [e["observed"] for e in result["evidence"] if e["observed"].startswith(OFF_PATH_NOTE)]
-        assert noted and all(sibling in text for text in noted)
+        assert noted and all(any(name in text for name in off_path) for text in noted)
+        for name in off_path:
+            assert name in also and any(name in text for text in noted), name
 
 
-@pytest.mark.parametrize("kind", DEPLOYMENTS)
-@pytest.mark.parametrize("version", [v for v in RELEASES if truth_verdict(v, "NPD005") == "present"])
+@pytest.mark.parametrize(
+    ("version", "kind"),
+    [(v, k) for v in RELEASES for k in DEPLOYMENTS if truth_present(v, "NPD005", FAMILY[k])],
+)
 def test_failure_evidence_names_the_truths_files_and_lines(cli, release, version, kind):
     result = npd005(cli, release(version), DEPLOYMENTS[kind])
     text = evidence_text(result)
@@ -76,14 +87,18 @@ def test_failure_evidence_names_the_truths_files_and_lines(cli, release, version
     # The first piece of evidence is the deployment's own NPU pool, called from the paged allocator.
     first = result["evidence"][0]
     assert first["location"]["path"] == NPU_POOL_FILE
-    assert f"{first['location']['path']}:{first['location']['line']}".endswith(NPU_LOCATION[kind])
+    assert f"{first['location']['path']}:{first['location']['line']}".endswith(
+        NPD005_POOL_DEFS[version][kind]
+    )
     assert f"{PAGED_ALLOCATOR}:" in first["observed"] and "mamba_indices" in first["observed"]
     assert "TypeError" in first["observed"] and "on the first retraction" in first["observed"]
-    # The other family's NPU pool and the CUDA DSA pool are reported too, as non-deciding evidence.
-    other = NPU_POOL["gqa" if kind == "mla" else "mla"]
+    # The other family's NPU pool (where it refuses too) and the CUDA DSA pool are reported, as
+    # non-deciding evidence.
+    other = "gqa" if kind == "mla" else "mla"
     noted = " ".join(e["observed"] for e in result["evidence"] if e["observed"].startswith(OFF_PATH_NOTE))
-    assert other in noted and OFF_PATH_SIBLINGS[version] in noted
-    assert other not in result["summary"]
+    assert (NPU_POOL[other] in noted) == truth_present(version, "NPD005", FAMILY[other]), noted
+    assert OFF_PATH_SIBLINGS.get(version, "") in noted
+    assert NPU_POOL[other] not in result["summary"]
     assert result["remediation"]["fix_id"] == "NPD005"
 
 

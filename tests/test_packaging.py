@@ -8,6 +8,7 @@ import zipfile
 
 import npudoctor.checks
 import npudoctor.fixes
+
 from conftest import REPO
 
 

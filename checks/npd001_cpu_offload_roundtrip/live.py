@@ -6,7 +6,7 @@ into other slots and compare every layer and buffer bit for bit.
 
 from __future__ import annotations
 
-from npudoctor import livepools
+from npudoctor import livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import Facts, RoleFacts
 from npudoctor.livecode import code_location, exception_evidence
@@ -33,7 +33,7 @@ def live_probe(
                 roles=roles,
             )
         for cls in classes:
-            problem = livepools.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
+            problem = liveprocess.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
             if problem is None:
                 evidence.append(
                     Evidence(

@@ -9,11 +9,9 @@ from __future__ import annotations
 import ast
 
 from npudoctor.check import Probe
-from npudoctor.pools import npu_pool_classes
+from npudoctor.pools import OFFLOAD_METHODS, npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
-
-OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 
 
 def static_probe(

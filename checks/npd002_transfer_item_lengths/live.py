@@ -5,7 +5,7 @@ in the role's environment (``ASCEND_USE_FIA`` decides the layout at construction
 
 from __future__ import annotations
 
-from npudoctor import livepools
+from npudoctor import livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import Facts, RoleFacts
 from npudoctor.livecode import code_location, exception_evidence
@@ -32,7 +32,7 @@ def live_probe(
         for cls in classes:
             for role in roles:
                 label = f"{cls.__name__} ({role.name}, {FIA_ENV}={'1' if role.use_fia else '0'})"
-                outcome, item = livepools.in_role(
+                outcome, item = liveprocess.in_role(
                     role, lambda cls=cls, role=role: _live_items(cls, facts, role)
                 )
                 evidence.append(item)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import contextlib
-import dataclasses
 import gc
 import importlib
 import inspect
@@ -16,12 +15,11 @@ import re
 import sys
 import threading
 import traceback
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from npudoctor import livepools
+from npudoctor import livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.livecode import code_location, exception_evidence, raising_location, relative
@@ -29,7 +27,6 @@ from npudoctor.results import Evidence, Location, Status
 
 UTILS_MODULE = "sglang.srt.disaggregation.utils"
 PP_MODULE = "sglang.srt.distributed.utils"
-RUNTIME_MODULE = "sglang.srt.runtime_context"
 # Page indices one request occupies on each side: two contiguous runs, so the mapping is
 # exercised with more than one transfer block per buffer.
 PREFILL_PAGES = (0, 1, 3)
@@ -386,7 +383,7 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
             )
 
     try:
-        livepools.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
+        liveprocess.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
     except AttributeError as error:
         if getattr(error, "obj", None) in (manager, recorder):
             raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
@@ -426,7 +423,7 @@ def _stage_topology(role: RoleFacts, stage: int) -> Iterator[None]:
     """On releases with a runtime parallel context (``sglang.srt.runtime_context``), this
     stage's place in the pipeline: 0.5.2x reads ``get_parallel().pp_group.is_last_rank`` to
     decide whether the stage sends draft KV."""
-    runtime = sys.modules.get(RUNTIME_MODULE)
+    runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
     if runtime is None or not hasattr(runtime, "get_parallel"):
         yield
         return
@@ -449,62 +446,23 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
     except ValueError as error:
         if not _UNPUBLISHED.search(str(error)):
             raise
-    runtime = sys.modules.get(RUNTIME_MODULE)
+    runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
     if runtime is None or not hasattr(runtime, "get_context"):
-        return _with_global_server_args(role, model, call)
+        with liveprocess.published_server_args(role, model):
+            return call()
     context = runtime.get_context()
-    server_args_class = importlib.import_module("sglang.srt.server_args").ServerArgs
+    server_args_class = importlib.import_module(liveprocess.SERVER_ARGS_MODULE).ServerArgs
     accepted = inspect.signature(server_args_class).parameters
     given = {k: v for k, v in role.server_args.items() if k in accepted}
     given["disaggregation_mode"] = role.disaggregation_mode
     saved = [(part, _state_of(part)) for part in _context_parts(context)]
     try:
-        context.set_server_args(server_args_class(model_path="npudoctor-live-probe", **given))
+        context.set_server_args(server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given))
         return call()
     finally:
         for part, state in saved:
             for name, value in state.items():
                 setattr(part, name, value)
-
-
-def _with_global_server_args(role: RoleFacts, model: ModelFacts | None, call: Callable[[], T]) -> T:
-    """``call`` with the role's server args published as the legacy global ones, restored after.
-
-    The record is sglang's ``ServerArgs`` with its defaults and the role's arguments, built
-    without ``__post_init__`` (which asks the accelerator and reads the model's files); its
-    ``model_config``, which ``ServerArgs.get_model_config`` memoises, holds the model facts."""
-    module = importlib.import_module("sglang.srt.server_args")
-    server_args_class = module.ServerArgs
-    record = object.__new__(server_args_class)
-    for spec in dataclasses.fields(server_args_class):
-        if spec.default is not dataclasses.MISSING:
-            setattr(record, spec.name, spec.default)
-        elif spec.default_factory is not dataclasses.MISSING:
-            setattr(record, spec.name, spec.default_factory())
-    for name, value in role.server_args.items():
-        if hasattr(record, name):
-            setattr(record, name, value)
-    record.disaggregation_mode = role.disaggregation_mode
-    record.model_path = "npudoctor-live-probe"
-    if model is not None:
-        record.model_config = served_model_config(model)
-    previous = getattr(module, "_global_server_args", None)
-    module.set_global_server_args_for_scheduler(record)
-    try:
-        return call()
-    finally:
-        module._global_server_args = previous
-
-
-def served_model_config(model: ModelFacts) -> Any:
-    """The attributes of sglang's ``ModelConfig`` the probe knows from the model facts."""
-    return types.SimpleNamespace(
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_heads,
-        num_key_value_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        v_head_dim=model.v_head_dim,
-    )
 
 
 def _context_parts(context: Any) -> list[Any]:
@@ -624,7 +582,7 @@ def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: Rol
         )
         return _FamilyOutcome([(Status.WARN, evidence)], summary=f"{kind}: no NPU pool class")
     kv_args_class, manager_class = kv_classes()
-    ranges, split_at = livepools.in_role(prefill, lambda: stage_ranges(model.num_layers, prefill.pp_size))
+    ranges, split_at = liveprocess.in_role(prefill, lambda: stage_ranges(model.num_layers, prefill.pp_size))
     stages = ", ".join(f"{start}-{end - 1}" for start, end in ranges)
     outcome = _FamilyOutcome(
         notes=[
@@ -708,7 +666,7 @@ class _StageProbe:
 
     def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
         """One role's pools and kv_args, built in the role's environment."""
-        built = livepools.in_role(
+        built = liveprocess.in_role(
             role,
             lambda: build_side(self.cls, self.model, role, layers, draft_layers, self.kv_args_class, stage),
         )

@@ -27,7 +27,6 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-import os
 import re
 import sys
 import traceback
@@ -41,6 +40,13 @@ from npudoctor.check import Probe
 from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
+from npudoctor.liveprocess import (
+    dataclass_instance,
+    environment,
+    published_server_args,
+    unpublished_parallel_name,
+    with_parallel,
+)
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import FunctionRef, SourceTree
 
@@ -62,8 +68,6 @@ TOLERANCE = 1e-4
 # sglang's FIA mask length (AscendAttnMaskBuilder: fia_mask_len = 2048).
 FIA_MASK_LEN = 2048
 _MLA_MODEL = re.compile(rb"(?i)kv_lora_rank|mla|\bdsa|_dsa|\bnsa|_nsa")
-_MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
-_UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
 
 
 # Modules the live depth imports up front; an import failure of an optional one is kept here.
@@ -273,69 +277,12 @@ def accelerator_on_cpu() -> Iterator[None]:
 
 
 # ----- the role's process state ------------------------------------------------------------
-def dataclass_instance(cls: type, values: dict[str, Any]) -> Any:
-    """An instance of dataclass ``cls`` without running ``__init__``/``__post_init__``: every
-    field with a default gets it, ``values`` (only names that are fields) override them.
-    A field with no default that is not given stays unset, so a read of it raises."""
-    instance = object.__new__(cls)
-    names = set()
-    for item in dataclasses.fields(cls):
-        names.add(item.name)
-        if item.default is not dataclasses.MISSING:
-            setattr(instance, item.name, item.default)
-        elif item.default_factory is not dataclasses.MISSING:
-            setattr(instance, item.name, item.default_factory())
-    for name, value in values.items():
-        if name in names:
-            setattr(instance, name, value)
-    return instance
-
-
 def cp_strategy_name(role: RoleFacts) -> str:
     """The CP strategy the role selects: ``cp_strategy``, or the legacy ``prefill_cp_mode``."""
     chosen = role.server_args.get("cp_strategy")
     if chosen:
         return str(chosen)
     return LEGACY_CP_MODES.get(str(role.server_args.get("prefill_cp_mode") or "in-seq-split"), "zigzag")
-
-
-@contextlib.contextmanager
-def published_server_args(role: RoleFacts) -> Iterator[None]:
-    """The role's ``ServerArgs`` published as the scheduler process's global (0.5.11-0.5.15:
-    ``set_global_server_args_for_scheduler``), built from the dataclass defaults and the
-    role's arguments without ``__post_init__`` (which needs a model on disk), with the
-    release's own legacy-CP normalisation where it has one. The previous state is restored.
-    A release whose ``ServerArgs`` is not a dataclass (0.5.2x) reads the runtime context instead."""
-    module = sys.modules.get("sglang.srt.server_args")
-    cls = getattr(module, "ServerArgs", None)
-    publish = getattr(module, "set_global_server_args_for_scheduler", None)
-    if cls is None or publish is None or not dataclasses.is_dataclass(cls):
-        yield
-        return
-    try:
-        previous = module.get_global_server_args()
-    except Exception:  # not published yet (ValueError), or a retired accessor
-        previous = None
-    values = dict(role.server_args)
-    values.setdefault("attn_cp_size", role.attn_cp_size)
-    values.setdefault("page_size", role.page_size)
-    args = dataclass_instance(cls, values)
-    legacy = getattr(args, "_handle_legacy_cp_arguments", None)
-    if callable(legacy):
-        legacy()
-    publish(args)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            publish(previous)
-        elif hasattr(module, "_global_server_args"):
-            module._global_server_args = None
-        else:
-            runtime = sys.modules.get("sglang.srt.runtime_context")
-            reset = getattr(runtime, "reset_context", None)
-            if callable(reset):
-                reset()
 
 
 def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str, Any]:
@@ -354,34 +301,6 @@ def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str
         "enable_cp_tp_group_sharing": False,
         "enable_dp_attention": False,
     }
-
-
-def with_parallel(values: dict[str, Any], probe: Callable[[], T]) -> T:
-    """Run ``probe`` with the runtime parallel context (0.5.15+ ``runtime_context.get_parallel``)
-    set to ``values``; fields the release does not know are dropped, fields the probed code
-    asks for and ``values`` lacks become single-rank defaults (sizes 1, ranks 0)."""
-    runtime = sys.modules.get("sglang.srt.runtime_context")
-    if runtime is None or not hasattr(runtime, "get_parallel"):
-        return probe()
-    values = dict(values)
-    for _ in range(64):
-        try:
-            with runtime.get_parallel().override(**values):
-                return probe()
-        except (RuntimeError, ValueError) as error:
-            unknown = _UNKNOWN_PARALLEL.search(str(error))
-            missing = _MISSING_PARALLEL.search(str(error))
-            if unknown:
-                names = re.findall(r"'(\w+)'", unknown.group(1))
-                if not names or not any(n in values for n in names):
-                    raise
-                for name in names:
-                    values.pop(name, None)
-            elif missing and missing.group(1) not in values:
-                values[missing.group(1)] = 0 if "rank" in missing.group(1) else 1
-            else:
-                raise
-    raise CannotProbe(f"the runtime parallel context kept asking for more fields: {sorted(values)}")
 
 
 @contextlib.contextmanager
@@ -413,20 +332,6 @@ def sglang_state_restored() -> Iterator[None]:
 
 
 _ABSENT = object()
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # ----- finding sglang's CP preparations -------------------------------------------------------
@@ -719,7 +624,7 @@ def _rank_in_role(
             return _run_rank(backend_cls, method, preparation, dims, load, rank)
 
     try:
-        return with_parallel(parallel_values(role, dims, rank), probe)
+        return with_parallel(probe, parallel_values(role, dims, rank))
     except Exception as error:  # setting up the role's process state failed: not a finding
         return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
 
@@ -761,7 +666,7 @@ def _run_rank(
 def _reraise_parallel(error: Exception) -> None:
     """A missing runtime parallel field is the probe's setup, not a finding: let
     ``with_parallel`` add it and run the rank again."""
-    if _MISSING_PARALLEL.search(str(error)):
+    if unpublished_parallel_name(error) is not None:
         raise error
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from npudoctor import liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import Facts, ModelFacts, RoleFacts
 from npudoctor.livepools import CannotBuild, construct
@@ -269,20 +270,8 @@ def _with_attention_tp(tp_size: int, read: Callable[[], Any]) -> Any:
     saved = getattr(module, "get_attention_tp_size", None)
     if saved is not None:
         module.get_attention_tp_size = lambda: tp_size
-    runtime = sys.modules.get("sglang.srt.runtime_context")
-    values: dict[str, Any] = {}
     try:
-        while True:
-            try:
-                if runtime is None or not hasattr(runtime, "get_parallel"):
-                    return read()
-                with runtime.get_parallel().override(**values):
-                    return read()
-            except (ValueError, RuntimeError) as error:
-                name = _unpublished_parallel_name(error)
-                if name is None or name in values or len(values) > 16:
-                    raise
-                values[name] = _parallel_value(name, tp_size)
+        return liveprocess.with_parallel(read, default=functools.partial(_parallel_value, tp_size=tp_size))
     except Exception as error:
         raise CannotBuild(
             f"the model's mamba state shape needs sglang's parallel state: {type(error).__name__}: {error}"
@@ -292,28 +281,13 @@ def _with_attention_tp(tp_size: int, read: Callable[[], Any]) -> Any:
             module.get_attention_tp_size = saved
 
 
-def _unpublished_parallel_name(error: BaseException) -> str | None:
-    """The parallel value sglang's runtime context was asked for and does not have: named in the
-    message, or the ``name`` its reader was called with."""
-    named = re.search(r"parallel (?:name|width) '(\w+)'", str(error))
-    if named:
-        return named.group(1)
-    if "not published" not in str(error):
-        return None
-    frames = list(traceback.walk_tb(error.__traceback__))
-    for frame, _ in reversed(frames):
-        if frame.f_code.co_name == "_read" and isinstance(frame.f_locals.get("name"), str):
-            return frame.f_locals["name"]
-    return None
-
-
 def _parallel_value(name: str, tp_size: int) -> Any:
     """This single rank's view: attention TP is the role's TP size, switches off, ranks 0, other widths 1."""
     if name in ("tp_size", "attn_tp_size"):
         return tp_size
     if name.startswith(("enable_", "use_")):
         return False
-    return 0 if "rank" in name else 1
+    return liveprocess.single_rank(name)
 
 
 def mamba_slot(pool: Any) -> Any:
@@ -610,8 +584,6 @@ class _LiveProbe:
         roles: tuple[str, ...],
         assumptions: tuple[str, ...],
     ) -> Probe:
-        from npudoctor import livepools
-
         path = self.graph.path(families, sliding, hybrid)
         unrecognised = self.graph._unrecognised(families, path)
         findings: list[_Finding] = []
@@ -621,7 +593,9 @@ class _LiveProbe:
         for allocator, top, sub in self._scenarios(path):
             chain = " -> ".join(c.name for c in (allocator, top, sub) if c is not None)
             chains.append(chain)
-            outcome = livepools.in_role(self.role, lambda a=allocator, t=top, s=sub: self._scenario(a, t, s))
+            outcome = liveprocess.in_role(
+                self.role, lambda a=allocator, t=top, s=sub: self._scenario(a, t, s)
+            )
             findings += outcome[0]
             passed += outcome[1]
             notes += outcome[2]

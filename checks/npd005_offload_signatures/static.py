@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor.check import Probe
-from npudoctor.pools import npu_pool_classes
+from npudoctor.pools import OFFLOAD_METHODS, npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.signatures import (
     CallShape,
@@ -32,7 +32,6 @@ from npudoctor.signatures import (
 )
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
-OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 POOL, ALLOCATOR = "KV pool", "allocator"
 TOP, SUB = "pool", "sub-pool"  # path levels below the allocator
 HIERARCHY_BASES = {POOL: ("KVCache",), ALLOCATOR: ("BaseTokenToKVPoolAllocator",)}
