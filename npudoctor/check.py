@@ -234,6 +234,7 @@ def run_checks(
     """Run each check; one that raises becomes an ``error`` result and the others still run.
 
     ``live`` is the outcome of the live child (``npudoctor.live.run``) for these checks, if it ran.
+    The target's parsed source is released at the end (``Target.release``).
     """
     results = []
     with _collector_paused():
@@ -245,6 +246,7 @@ def run_checks(
             results.append(result)
             if on_done is not None:
                 on_done(check, result)
+        target.release()  # before the collector resumes: reference counting frees the ASTs
     return results
 
 

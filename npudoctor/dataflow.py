@@ -37,7 +37,6 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -150,13 +149,10 @@ class _Memo:
         self.attributes: dict[int, set[str]] = {}
 
 
-_MEMOS: weakref.WeakKeyDictionary[SourceTree, _Memo] = weakref.WeakKeyDictionary()
-
-
 def _memo(tree: SourceTree) -> _Memo:
-    memo = _MEMOS.get(tree)
+    memo = tree.memo.get("dataflow")
     if memo is None:
-        memo = _MEMOS[tree] = _Memo()
+        memo = tree.memo["dataflow"] = _Memo()
     return memo
 
 

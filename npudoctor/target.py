@@ -39,6 +39,12 @@ class Target:
     def tree(self) -> SourceTree:
         return SourceTree(self.package_dir)
 
+    def release(self) -> None:
+        """Free the parsed source now (``SourceTree.release``); a later ``tree`` parses again."""
+        tree = self.__dict__.pop("tree", None)
+        if tree is not None:
+            tree.release()
+
     def info(self) -> TargetInfo:
         return TargetInfo(version=self.version, path=str(self.package_dir), source=self.source)
 

@@ -9,8 +9,16 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[test]"
-# The live depth imports real sglang modules: their CPU dependency set, with the CPU torch pinned.
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -c "$repo/constraints-live.txt" -r "$repo/requirements-live.txt"
+# What the installs depend on: the metadata, the dependency lists, this script, and the packages
+# (each check folder is a package of the editable install). Unchanged since the last install: skip pip.
+stamp="$venv/.npudoctor-bootstrap"
+state="$(cd "$repo" && { cat pyproject.toml setup.py requirements-live.txt constraints-live.txt scripts/bootstrap.sh;
+  find npudoctor checks fixes -name __init__.py | LC_ALL=C sort; } | sha256sum)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$state" ]; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[test]"
+  # The live depth imports real sglang modules: their CPU dependency set, with the CPU torch pinned.
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "$repo/constraints-live.txt" -r "$repo/requirements-live.txt"
+  echo "$state" > "$stamp"
+fi
 export PATH="$venv/bin:$PATH"

@@ -37,9 +37,10 @@ RELEASES = sorted(TRUTH["releases"], key=lambda v: tuple(int(p) for p in v.split
 
 
 # The quick tier (`-m "not slow"`) runs the live probes on these states only: together a buggy
-# state for every check (0.5.9: NPD001-NPD003, 0.5.13: NPD005, the cp-gap state: NPD004) and a
-# fixed one (the newest); every other state of a sweep is marked slow.
-QUICK_STATES = ("0.5.9", "0.5.13", "0.5.13+cp-gap", RELEASES[-1])
+# and a fixed state for every check, on as few distinct live runs as that takes (0.5.9: NPD001-NPD003
+# present, NPD005 absent; 0.5.13: NPD001-NPD003 absent, NPD005 present; the cp-gap state and 0.5.13
+# for NPD004); every other state of a sweep is marked slow.
+QUICK_STATES = ("0.5.9", "0.5.13", "0.5.13+cp-gap")
 
 
 def sweep(states, quick=QUICK_STATES) -> list:

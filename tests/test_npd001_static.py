@@ -13,6 +13,7 @@ from conftest import (
     json_report,
     replace_text,
     result_of,
+    sweep,
     truth_locations,
     truth_verdict,
 )
@@ -25,7 +26,7 @@ def evidence_text(result: dict) -> str:
     return json.dumps(result["evidence"])
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES))
 def test_verdict_matches_truth(cli, release, version):
     report = json_report(cli, "--sglang-path", release(version), "--config", DEEPSEEK_PD, "--depth", "static")
     result = result_of(report, "NPD001")

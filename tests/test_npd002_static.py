@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, truth_locations, truth_verdict
+from conftest import (
+    EXAMPLES,
+    RELEASES,
+    json_report,
+    replace_text,
+    result_of,
+    sweep,
+    truth_locations,
+    truth_verdict,
+)
 
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
 POOL = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
@@ -17,7 +26,7 @@ def npd002(cli, tree, *args):
     return result_of(json_report(cli, "--sglang-path", tree, "--select", "NPD002", *args), "NPD002")
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES))
 def test_verdict_matches_truth_under_fia(cli, release, version):
     result = npd002(cli, release(version), "--config", QWEN_FIA)
     assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD002")], result

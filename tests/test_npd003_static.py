@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, truth_locations, truth_verdict
+from conftest import (
+    EXAMPLES,
+    RELEASES,
+    json_report,
+    replace_text,
+    result_of,
+    sweep,
+    truth_locations,
+    truth_verdict,
+)
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 CONN = "sglang/srt/disaggregation/ascend/conn.py"
@@ -27,7 +36,7 @@ def deployment(tmp_path, model="deepseek-v3", prefill="pp_size: 2", decode="", b
     return path
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES))
 @pytest.mark.parametrize("example", ["deepseek-v3-pd.yaml", "deepseek-v3.2-pd.yaml"])
 def test_verdict_matches_truth(cli, release, version, example):
     result = npd003(cli, release(version), "--config", EXAMPLES / example)

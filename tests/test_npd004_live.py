@@ -51,7 +51,7 @@ def npd004_live(cli, tree, *args: str, depth: str = "live") -> dict:
 
 
 # ----- the known truths -------------------------------------------------------------------
-@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.23",)))
+@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.13",)))
 def test_live_verdict_matches_truth_and_static(cli, release, live_report, version):
     """Live agrees with the known truth, and with the static probe on the same deployment."""
     result = result_of(live_report(version, CP_PREFILL), "NPD004")
@@ -63,7 +63,7 @@ def test_live_verdict_matches_truth_and_static(cli, release, live_report, versio
 
 
 @pytest.mark.parametrize(
-    "version", sweep([v for v in RELEASES if v not in ("0.5.9", "0.5.11", "0.5.12")], quick=("0.5.23",))
+    "version", sweep([v for v in RELEASES if v not in ("0.5.9", "0.5.11", "0.5.12")], quick=("0.5.13",))
 )
 def test_pass_evidence_names_the_batch_the_ranks_and_the_error(release, live_report, version):
     """Releases whose preparation admits several requests per CP batch are probed with two

@@ -19,6 +19,7 @@ from conftest import (
     method_span,
     replace_text,
     result_of,
+    sweep,
     truth_locations,
     truth_verdict,
 )
@@ -53,7 +54,7 @@ def deployment_text(model: str = "models/qwen3-30b-a3b/config.json", ASCEND_USE_
 
 
 # ----- the known truths -------------------------------------------------------------------
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES))
 def test_verdict_matches_truth(cli, release, version):
     report = json_report(cli, "--sglang-path", release(version), "--config", CP_PREFILL, "--depth", "static")
     result = result_of(report, "NPD004")
