@@ -26,6 +26,13 @@ from conftest import (
 )
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
+# The releases by what their CP preparation admits (the truths' evidence): no FIA CP path at all,
+# one request per CP batch (can_cp_split), or several requests.
+WITHOUT_FIA_CP = [
+    v for v in RELEASES if "no do_cp_attn_fia" in TRUTH["releases"][v]["NPD004"].get("evidence", "")
+]
+ONE_REQUEST_GATE = ["0.5.11", "0.5.12"]
+SEVERAL_REQUESTS = [v for v in RELEASES if v not in (*WITHOUT_FIA_CP, *ONE_REQUEST_GATE)]
 NO_CP = EXAMPLES / "qwen3-moe-pd-fia.yaml"
 EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 QWEN3_MOE = "sglang/srt/models/qwen3_moe.py"
@@ -62,9 +69,7 @@ def test_live_verdict_matches_truth_and_static(cli, release, live_report, versio
     assert result["roles"] == ["prefill"]
 
 
-@pytest.mark.parametrize(
-    "version", sweep([v for v in RELEASES if v not in ("0.5.9", "0.5.11", "0.5.12")], quick=("0.5.13",))
-)
+@pytest.mark.parametrize("version", sweep(SEVERAL_REQUESTS, quick=("0.5.13",)))
 def test_pass_evidence_names_the_batch_the_ranks_and_the_error(release, live_report, version):
     """Releases whose preparation admits several requests per CP batch are probed with two
     requests of different lengths, one after a cached prefix, on both CP ranks."""
@@ -94,7 +99,7 @@ def test_each_preparation_of_a_release_is_probed(live_report):
     assert "metadata from prepare_cp_forward (at sglang/srt/layers/cp/utils.py:69)" in observed
 
 
-@pytest.mark.parametrize("version", sweep(["0.5.11", "0.5.12"], quick=()))
+@pytest.mark.parametrize("version", sweep(ONE_REQUEST_GATE, quick=()))
 def test_a_one_request_gate_is_observed_live(release, live_report, version):
     """0.5.11/0.5.12: can_cp_split admits one request per CP batch. The probe calls it, as
     Qwen3-MoE's forward does, with a batch of two; it refuses, and one request is probed."""
@@ -118,14 +123,14 @@ def test_skips_without_context_parallelism(live_report):
 
 
 # ----- the synthetic buggy state ----------------------------------------------------------
-def test_cp_gap_fails_live_with_the_removed_field(cli, cp_gap):
+def test_cp_gap_fails_live_with_the_removed_field(subject, live_report):
     """0.5.13's metadata with 0.5.12's do_cp_attn_fia: the first CP prefill raises, on every rank."""
     assert TRUTH["synthetic"]["0.5.13+cp-gap"]["NPD004"]["verdict"] == "present"
-    text = (cp_gap / NPU_BACKEND).read_text()
+    text = (subject("0.5.13+cp-gap") / NPU_BACKEND).read_text()
     start, _, _ = method_span(text, "AscendAttnBackend", "do_cp_attn_fia")
     line = line_of(text, "cp_meta.actual_seq_q_prev]", after=start)
 
-    result = npd004_live(cli, cp_gap, "--config", CP_PREFILL)
+    result = result_of(live_report("0.5.13+cp-gap", CP_PREFILL), "NPD004")
     assert result["status"] == "fail" and result["depth"] == "live"
     (evidence,) = result["evidence"]
     assert evidence["location"] == {
