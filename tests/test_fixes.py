@@ -63,14 +63,8 @@ def test_written_for_matches_the_real_releases(fix_id, subject):
             assert fix.shape_of_source(discover(subject(version)).tree) == shape, version
 
 
-def _fix_cases() -> list:
-    """(fix id, buggy state) pairs; each imports sglang in a child, so only the first (NPD001 on
-    its oldest buggy release) is in the quick tier."""
-    cases = [(f, v) for f in FIX_IDS for v in buggy(f)]
-    return [cases[0], *(pytest.param(*case, marks=pytest.mark.slow) for case in cases[1:])]
-
-
-@pytest.mark.parametrize(("fix_id", "version"), _fix_cases())
+@pytest.mark.slow  # each (fix id, buggy state) imports sglang in a child
+@pytest.mark.parametrize(("fix_id", "version"), [(f, v) for f in FIX_IDS for v in buggy(f)])
 def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, subject):
     result = fixprobe(subject(version), "inprocess", fix_id, SCENARIOS[fix_id])
     assert result["decision"] == "apply", result
