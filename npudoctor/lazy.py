@@ -14,14 +14,28 @@ from types import ModuleType
 
 
 def lazy_module(name: str) -> ModuleType:
-    """``name``, executed when one of its attributes is first read (``import name`` otherwise)."""
+    """``name``, executed when one of its attributes is first read (``import name`` otherwise).
+
+    Where ``name`` is not installed (a slim CI image without torch runs the static depth), a
+    stand-in is returned whose first attribute read raises the ``ModuleNotFoundError`` the import
+    would have raised: only the code that really needs the module fails, and says which."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        spec = None
     if spec is None or spec.loader is None:
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return _Absent(name)
     spec.loader = importlib.util.LazyLoader(spec.loader)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class _Absent(ModuleType):
+    """A module that is not installed: reading any attribute raises ``ModuleNotFoundError``."""
+
+    def __getattr__(self, attribute: str):
+        raise ModuleNotFoundError(f"No module named {self.__name__!r}", name=self.__name__)

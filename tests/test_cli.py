@@ -260,6 +260,38 @@ def test_static_depth_never_executes_torch(release, tmp_path):
     assert done.stderr.strip().endswith("no torch")
 
 
+# Runs npudoctor's CLI where torch is not installed (a slim CI image): importing it fails the way
+# a missing package does.
+WITHOUT_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTorch())
+from npudoctor.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "code"), [(("check", "--depth", "static"), 1), (("list",), 0), (("fix",), 0)]
+)
+def test_static_check_list_and_fix_plan_run_without_torch(release, tmp_path, command, code):
+    """The static depth, the list of checks and the fix plan never need torch (the README promises
+    static on a slim CI image); 0.5.12 has NPD001, so check exits 1 and the plan lists its fix."""
+    args = [*command, "--sglang-path", str(release("0.5.12")), "--config", str(DEEPSEEK_PD)]
+    if command == ("list",):
+        args = ["list"]
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == code, done.stderr
+    assert "torch" not in done.stderr, done.stderr
+    if command[0] != "list":
+        assert "NPD001" in done.stdout
+
+
 @pytest.mark.parametrize(("workspace", "prefix"), [("trees", "0.5.12/"), ("elsewhere", "")])
 def test_github_annotations_link_into_the_workspace(cli, release, tmp_path, monkeypatch, workspace, prefix):
     """In a workflow whose workspace holds the checked tree, annotations name the file from the
