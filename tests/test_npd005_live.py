@@ -31,7 +31,6 @@ QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPoo
 QWEN_NEXT = EXAMPLES / "qwen3-next-decode.yaml"  # hybrid: HybridLinearKVPool over NPUMHATokenToKVPool
 DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
 NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 FAMILY = {"mla": "mla", "gqa": "mha"}
 NPU_POOL_FILE = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
 PAGED_ALLOCATOR = "sglang/srt/mem_cache/allocator/paged.py"
