@@ -14,9 +14,11 @@ import inspect
 import sys
 from typing import Any, TypeVar
 
+from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
 from npudoctor.pools import GENERIC_POOL
+from npudoctor.results import Status
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
@@ -45,6 +47,16 @@ def npu_pool_classes(family: str) -> list[type]:
         if "npu" in cls.__module__ or cls.__name__.startswith("NPU"):
             found.append(cls)
     return sorted(set(found), key=lambda c: c.__name__)
+
+
+def no_pool_loaded(family: str, assumptions: tuple[str, ...], roles: tuple[str, ...]) -> Probe:
+    """A live probe's answer when sglang loaded no NPU pool class of ``family``: cannot tell."""
+    return Probe(
+        Status.WARN,
+        f"no NPU {family.upper()} pool class is loaded from sglang",
+        assumptions=assumptions,
+        roles=roles,
+    )
 
 
 def build_pool(

@@ -10,6 +10,7 @@ directory (or whose name says NPU) and whose MRO contains the generic pool.
 from __future__ import annotations
 
 from npudoctor.facts import AttentionKind, Facts
+from npudoctor.results import Evidence
 from npudoctor.source import ClassInfo, SourceTree
 
 GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}
@@ -19,6 +20,14 @@ OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
 
 def pool_family(kind: AttentionKind) -> str:
     return "mla" if kind.is_mla else "mha"
+
+
+def no_npu_pool(family: str) -> Evidence:
+    """What a static probe reports for a family whose NPU pool class it cannot find."""
+    return Evidence(
+        expected=f"an NPU subclass of the generic {family.upper()} KV pool under sglang/srt",
+        observed="none found: this release's layout is not one npudoctor recognises",
+    )
 
 
 def npu_pool_classes(tree: SourceTree, family: str) -> list[ClassInfo]:

@@ -96,6 +96,14 @@ def truth_present(version: str, check_id: str, family: str | None = None) -> boo
     return truth["verdict"] == "present" and (family is None or family in truth.get("families", [family]))
 
 
+def expected_status(version: str, check_id: str, family: str | None = None) -> str:
+    """The status the check must give on ``version`` by the truths: fail where the defect bites."""
+    return "fail" if truth_present(version, check_id, family) else "pass"
+
+
+# The pool family of each deployment kind the NPD005 tests probe.
+KIND_FAMILY = {"mla": "mla", "gqa": "mha"}
+
 # NPD005: the line of the NPU pool's get_cpu_copy each deployment kind reaches, on the releases
 # where the truth says it refuses the allocator's keyword (the truths' evidence names them).
 NPD005_POOL_DEFS = {

@@ -6,17 +6,16 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, RELEASES, json_report, result_of, sweep, truth_verdict
+from conftest import EXAMPLES, RELEASES, expected_status, json_report, result_of, sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 
 
 @pytest.mark.parametrize("version", sweep(RELEASES))
 def test_live_round_trip_matches_truth(live_report, version):
     result = result_of(live_report(version, DEEPSEEK_PD), "NPD001")
     assert result["depth"] == "live"
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD001")], result
+    assert result["status"] == expected_status(version, "NPD001"), result
     text = json.dumps(result["evidence"])
     if result["status"] == "fail":
         assert "AttributeError" in text and "kv_buffer" in text and "(live, CPU)" in text

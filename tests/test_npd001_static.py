@@ -10,6 +10,7 @@ import pytest
 from conftest import (
     EXAMPLES,
     RELEASES,
+    expected_status,
     json_report,
     replace_text,
     result_of,
@@ -19,7 +20,6 @@ from conftest import (
 )
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 
 
 def evidence_text(result: dict) -> str:
@@ -31,7 +31,7 @@ def test_verdict_matches_truth(cli, release, version):
     report = json_report(cli, "--sglang-path", release(version), "--config", DEEPSEEK_PD, "--depth", "static")
     result = result_of(report, "NPD001")
     assert report["target"]["version"] == version
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD001")], result
+    assert result["status"] == expected_status(version, "NPD001"), result
     assert result["roles"] == ["decode"]
 
 

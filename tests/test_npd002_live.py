@@ -6,17 +6,16 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, RELEASES, replace_text, result_of, sweep, truth_verdict
+from conftest import EXAMPLES, RELEASES, expected_status, replace_text, result_of, sweep
 
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 
 
 @pytest.mark.parametrize("version", sweep(RELEASES))
 def test_live_item_lengths_match_truth(live_report, version):
     result = result_of(live_report(version, QWEN_FIA), "NPD002")
     assert result["depth"] == "live"
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD002")], result
+    assert result["status"] == expected_status(version, "NPD002"), result
     observed = json.dumps([e["observed"] for e in result["evidence"]])
     assert "(live, CPU)" in observed
     if result["status"] == "fail":

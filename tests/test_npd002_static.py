@@ -9,17 +9,16 @@ import pytest
 from conftest import (
     EXAMPLES,
     RELEASES,
+    expected_status,
     json_report,
     replace_text,
     result_of,
     sweep,
     truth_locations,
-    truth_verdict,
 )
 
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
 POOL = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 
 
 def npd002(cli, tree, *args):
@@ -29,7 +28,7 @@ def npd002(cli, tree, *args):
 @pytest.mark.parametrize("version", sweep(RELEASES))
 def test_verdict_matches_truth_under_fia(cli, release, version):
     result = npd002(cli, release(version), "--config", QWEN_FIA)
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD002")], result
+    assert result["status"] == expected_status(version, "NPD002"), result
     if result["status"] == "fail":
         text = json.dumps(result["evidence"])
         for location in truth_locations(version, "NPD002"):

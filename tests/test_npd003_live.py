@@ -13,13 +13,20 @@ import re
 
 import pytest
 
-from conftest import EXAMPLES, RELEASES, json_report, replace_text, result_of, sweep, truth_verdict
+from conftest import (
+    EXAMPLES,
+    RELEASES,
+    expected_status,
+    json_report,
+    replace_text,
+    result_of,
+    sweep,
+)
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), no draft model
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP
 QWEN3_MODEL = EXAMPLES / "models" / "qwen3-30b-a3b" / "config.json"  # GQA, 48 layers
 CONN = "sglang/srt/disaggregation/ascend/conn.py"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 # (buffer kinds per layer, stage sizes) of each example: 61 layers as 30 + 31
 STAGES = {DEEPSEEK_V3: (2, (30, 31)), DEEPSEEK_V32: (3, (30, 31))}
 WRONG = re.compile(
@@ -57,7 +64,7 @@ def qwen3_pp2(tmp_path, decode: str = "", prefill_env: str = "") -> str:
 def test_live_verdict_matches_truth(live_report, version, example):
     result = npd003(live_report(version, example))
     assert result["depth"] == "live"
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD003")], result
+    assert result["status"] == expected_status(version, "NPD003"), result
     kinds, sizes = STAGES[example]
     lines = stage_lines(result)
     assert len(lines) == 2, lines  # one finding per prefill stage

@@ -9,17 +9,16 @@ import pytest
 from conftest import (
     EXAMPLES,
     RELEASES,
+    expected_status,
     json_report,
     replace_text,
     result_of,
     sweep,
     truth_locations,
-    truth_verdict,
 )
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 CONN = "sglang/srt/disaggregation/ascend/conn.py"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 
 
 def npd003(cli, tree, *args):
@@ -40,7 +39,7 @@ def deployment(tmp_path, model="deepseek-v3", prefill="pp_size: 2", decode="", b
 @pytest.mark.parametrize("example", ["deepseek-v3-pd.yaml", "deepseek-v3.2-pd.yaml"])
 def test_verdict_matches_truth(cli, release, version, example):
     result = npd003(cli, release(version), "--config", EXAMPLES / example)
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD003")], result
+    assert result["status"] == expected_status(version, "NPD003"), result
     if result["status"] == "fail":
         text = json.dumps(result["evidence"])
         for location in truth_locations(version, "NPD003"):

@@ -17,12 +17,12 @@ from conftest import (
     NPU_BACKEND,
     RELEASES,
     TRUTH,
+    expected_status,
     json_report,
     method_span,
     replace_text,
     result_of,
     sweep,
-    truth_verdict,
 )
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
@@ -34,7 +34,6 @@ WITHOUT_FIA_CP = [
 ONE_REQUEST_GATE = ["0.5.11", "0.5.12"]
 SEVERAL_REQUESTS = [v for v in RELEASES if v not in (*WITHOUT_FIA_CP, *ONE_REQUEST_GATE)]
 NO_CP = EXAMPLES / "qwen3-moe-pd-fia.yaml"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 QWEN3_MOE = "sglang/srt/models/qwen3_moe.py"
 # What the live probe runs for examples/qwen3-cp-prefill.yaml (Qwen3-30B-A3B: 32 q / 4 KV heads
 # x 128; tp 4 over attn_cp 2 -> attention TP 2; page size 128, sglang's NPU default).
@@ -64,7 +63,7 @@ def test_live_verdict_matches_truth_and_static(cli, release, live_report, versio
     result = result_of(live_report(version, CP_PREFILL), "NPD004")
     static = npd004_live(cli, release(version), "--config", CP_PREFILL, depth="static")
     assert result["depth"] == "live"
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD004")], result
+    assert result["status"] == expected_status(version, "NPD004"), result
     assert result["status"] == static["status"], (result["summary"], static["summary"])
     assert result["roles"] == ["prefill"]
 

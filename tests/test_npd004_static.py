@@ -15,17 +15,16 @@ from conftest import (
     NPU_BACKEND,
     RELEASES,
     TRUTH,
+    expected_status,
     json_report,
     method_span,
     replace_text,
     result_of,
     sweep,
     truth_locations,
-    truth_verdict,
 )
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
-EXPECTED_STATUS = {"present": "fail", "absent": "pass"}
 BACKEND = NPU_BACKEND
 REMOVED_FIELDS = ("actual_seq_q_prev", "kv_len_prev", "actual_seq_q_next", "kv_len_next")
 
@@ -59,7 +58,7 @@ def test_verdict_matches_truth(cli, release, version):
     report = json_report(cli, "--sglang-path", release(version), "--config", CP_PREFILL, "--depth", "static")
     result = result_of(report, "NPD004")
     assert report["target"]["version"] == version
-    assert result["status"] == EXPECTED_STATUS[truth_verdict(version, "NPD004")], result
+    assert result["status"] == expected_status(version, "NPD004"), result
     assert result["roles"] == ["prefill"]
     assert result["assumptions"] == []
     for location in truth_locations(version, "NPD004"):

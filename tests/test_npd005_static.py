@@ -10,6 +10,7 @@ import pytest
 
 from conftest import (
     EXAMPLES,
+    KIND_FAMILY,
     NPD005_POOL_DEFS,
     RELEASES,
     json_report,
@@ -25,7 +26,6 @@ QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA: the NPU MHA pool
 QWEN_NEXT = EXAMPLES / "qwen3-next-decode.yaml"  # hybrid linear attention: HybridLinearKVPool on top
 DEPLOYMENTS = {"mla": DEEPSEEK_PD, "gqa": QWEN_PD}
 NPU_POOL = {"mla": "NPUMLATokenToKVPool", "gqa": "NPUMHATokenToKVPool"}
-FAMILY = {"mla": "mla", "gqa": "mha"}
 NPU_POOL_FILE = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
 PAGED_ALLOCATOR = "sglang/srt/mem_cache/allocator/paged.py"
 
@@ -52,7 +52,7 @@ def npd005(cli, tree, config=None) -> dict:
 def test_verdict_matches_truth(cli, release, version, kind):
     result = npd005(cli, release(version), DEPLOYMENTS[kind])
     assert result["roles"] == ["decode"]
-    if truth_present(version, "NPD005", FAMILY[kind]):
+    if truth_present(version, "NPD005", KIND_FAMILY[kind]):
         assert result["status"] == "fail", result
         assert NPU_POOL[kind] in result["summary"]
         return
@@ -63,7 +63,7 @@ def test_verdict_matches_truth(cli, release, version, kind):
     other = "gqa" if kind == "mla" else "mla"
     off_path = [
         OFF_PATH_SIBLINGS.get(version),
-        truth_present(version, "NPD005", FAMILY[other]) and NPU_POOL[other],
+        truth_present(version, "NPD005", KIND_FAMILY[other]) and NPU_POOL[other],
     ]
     off_path = [name for name in off_path if name]
     if off_path:  # found, reported, not counted against this deployment
@@ -76,7 +76,7 @@ def test_verdict_matches_truth(cli, release, version, kind):
 
 @pytest.mark.parametrize(
     ("version", "kind"),
-    [(v, k) for v in RELEASES for k in DEPLOYMENTS if truth_present(v, "NPD005", FAMILY[k])],
+    [(v, k) for v in RELEASES for k in DEPLOYMENTS if truth_present(v, "NPD005", KIND_FAMILY[k])],
 )
 def test_failure_evidence_names_the_truths_files_and_lines(cli, release, version, kind):
     result = npd005(cli, release(version), DEPLOYMENTS[kind])
@@ -97,7 +97,7 @@ def test_failure_evidence_names_the_truths_files_and_lines(cli, release, version
     # non-deciding evidence.
     other = "gqa" if kind == "mla" else "mla"
     noted = " ".join(e["observed"] for e in result["evidence"] if e["observed"].startswith(OFF_PATH_NOTE))
-    assert (NPU_POOL[other] in noted) == truth_present(version, "NPD005", FAMILY[other]), noted
+    assert (NPU_POOL[other] in noted) == truth_present(version, "NPD005", KIND_FAMILY[other]), noted
     assert OFF_PATH_SIBLINGS.get(version, "") in noted
     assert NPU_POOL[other] not in result["summary"]
     assert result["remediation"]["fix_id"] == "NPD005"

@@ -26,12 +26,7 @@ def live_probe(
     for family in families:
         classes = livepools.npu_pool_classes(family)
         if not classes:
-            return Probe(
-                Status.WARN,
-                f"no NPU {family.upper()} pool class is loaded from sglang",
-                assumptions=assumptions,
-                roles=roles,
-            )
+            return livepools.no_pool_loaded(family, assumptions, roles)
         for cls in classes:
             problem = liveprocess.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
             if problem is None:

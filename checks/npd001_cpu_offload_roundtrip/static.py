@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from npudoctor.check import Probe
-from npudoctor.pools import OFFLOAD_METHODS, npu_pool_classes
+from npudoctor.pools import OFFLOAD_METHODS, no_npu_pool, npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
@@ -26,12 +26,7 @@ def static_probe(
         classes = npu_pool_classes(tree, family)
         if not classes:
             unrecognised.append(family)
-            evidence.append(
-                Evidence(
-                    expected=f"an NPU subclass of the generic {family.upper()} KV pool under sglang/srt",
-                    observed="none found: this release's layout is not one npudoctor recognises",
-                )
-            )
+            evidence.append(no_npu_pool(family))
             continue
         for cls in classes:
             problems = _offload_problems(tree, cls)

@@ -9,7 +9,7 @@ from npudoctor import livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import Facts, RoleFacts
 from npudoctor.livecode import code_location, exception_evidence
-from npudoctor.results import Evidence, Status
+from npudoctor.results import Evidence
 
 from .verdict import FIA_ENV, verdict
 
@@ -23,12 +23,7 @@ def live_probe(
     for family in families:
         classes = livepools.npu_pool_classes(family)
         if not classes:
-            return Probe(
-                Status.WARN,
-                f"no NPU {family.upper()} pool class is loaded from sglang",
-                assumptions=assumptions,
-                roles=tuple(r.name for r in roles),
-            )
+            return livepools.no_pool_loaded(family, assumptions, tuple(r.name for r in roles))
         for cls in classes:
             for role in roles:
                 label = f"{cls.__name__} ({role.name}, {FIA_ENV}={'1' if role.use_fia else '0'})"

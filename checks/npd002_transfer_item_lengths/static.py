@@ -11,7 +11,7 @@ import re
 
 from npudoctor.check import Probe
 from npudoctor.facts import Facts, RoleFacts
-from npudoctor.pools import npu_pool_classes
+from npudoctor.pools import no_npu_pool, npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.shapes import LayoutEvaluator, Sym, flatten
 from npudoctor.source import ClassInfo, SourceTree
@@ -35,12 +35,7 @@ def static_probe(
         classes = npu_pool_classes(tree, family)
         if not classes:
             unknown.append(f"no NPU {family.upper()} pool class")
-            evidence.append(
-                Evidence(
-                    expected=f"an NPU subclass of the generic {family.upper()} KV pool under sglang/srt",
-                    observed="none found: this release's layout is not one npudoctor recognises",
-                )
-            )
+            evidence.append(no_npu_pool(family))
             continue
         for cls in classes:
             if not _layout_follows_env(tree, cls, FIA_ENV):
