@@ -234,10 +234,9 @@ def run_checks(
     """Run each check; one that raises becomes an ``error`` result and the others still run.
 
     ``live`` is the outcome of the live child (``npudoctor.live.run``) for these checks, if it ran.
-    The target's parsed source is released at the end (``Target.release``).
     """
     results = []
-    with _collector_paused():
+    with collector_paused():
         for check in checks:
             try:
                 result = check.run(target, facts, depth, live)
@@ -246,16 +245,16 @@ def run_checks(
             results.append(result)
             if on_done is not None:
                 on_done(check, result)
-        target.release()  # before the collector resumes: reference counting frees the ASTs
     return results
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Parsing sglang's large modules keeps millions of AST nodes alive, and every full
     collection of the cyclic garbage collector re-traverses them all: measured, that made a
     static run several times slower. The checks make no garbage cycles worth collecting
-    early, so the collector waits until they are done; its previous state is restored."""
+    early, so the collector waits until they are done; its previous state is restored (nested,
+    only the outermost pause resumes it)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from npudoctor import __version__, deployment, ignores, live
-from npudoctor.check import Check, LiveOutcome, all_checks, run_checks
+from npudoctor.check import Check, LiveOutcome, all_checks, collector_paused, run_checks
 from npudoctor.errors import InputError
 from npudoctor.launch import sglang_parser
 from npudoctor.redact import redact_result, redact_value
@@ -75,7 +75,9 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         outcome = live.run(target, deploy.facts, live_checks, live_step, plan) if live_checks else None
         if outcome is not None:
             outcome.fixes.update(refused)
-        results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
+        with collector_paused():
+            results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
+            target.release()  # the run is done with the source: reference counting frees the ASTs now
 
     results = ignores.apply(results, entries, request.today)
     live_summary = _live_summary(outcome)

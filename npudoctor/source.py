@@ -151,10 +151,11 @@ class SourceTree:
         self.memo: dict[str, object] = {}  # per-tree caches of the helper modules (dataflow)
 
     def release(self) -> None:
-        """Drop everything parsed and memoised. The classes found hold the tree and the tree holds
-        them, so without this the ASTs (about a million objects for a release) wait for a full
-        pass of the cyclic garbage collector, which then traverses them all; released, reference
-        counting frees them at once. A later question reads and parses again."""
+        """Drop everything parsed and memoised (a check run calls it when it is done with the
+        source). The classes found hold the tree and the tree holds them, so without this the ASTs
+        (about a million objects for a release) wait for a full pass of the cyclic garbage
+        collector, which then traverses them all; released, reference counting frees them at
+        once. A later question reads and parses again."""
         for cache in (self._bytes, self._modules, self._classes_by_file, self._containing):
             cache.clear()
         for cache in (self._bases, self._mro, self._resolved, self.memo):
