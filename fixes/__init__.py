@@ -18,19 +18,32 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def apply(fix_ids: list[str] | None = None, *, config: str | Path | None = None, unsafe: bool = False):
-    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fixing.Decision`` per fix."""
+def apply(
+    fix_ids: list[str] | None = None,
+    *,
+    config: str | Path | None = None,
+    unsafe: bool = False,
+    depth: str = "auto",
+):
+    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fixing.Decision`` per fix.
+
+    ``depth`` is the depth the checks decide at, as in ``npudoctor check`` (``auto``: the live
+    probes run in a child interpreter where sglang imports)."""
     from npudoctor import activation, fixing
     from npudoctor.plan import plan_of
     from npudoctor.runner import load_deployment_from
+    from npudoctor.serverargs import validate_arguments
     from npudoctor.target import discover
 
     target = discover()
+    deploy = load_deployment_from(Path(config) if config is not None else None)
+    validate_arguments(deploy.facts, target)  # a name no sglang knows: InputError, nothing applied
     planned = fixing.plan(
         fixing.select_fixes(list(fix_ids or [])),
         target,
-        load_deployment_from(Path(config) if config is not None else None),
+        deploy.facts,
         unsafe,
+        depth,
     )
     activation.enable(plan_of(fixing.record_document(planned, target)))
     return [p.decision for p in planned]

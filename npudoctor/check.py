@@ -32,6 +32,9 @@ class Probe:
     evidence: tuple[Evidence, ...] = ()
     assumptions: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+    # third-party modules stood in on this host (``npudoctor.standins``) that the live probe
+    # reached: it could not tell, and the verdict must not be ``pass`` on its account
+    stood_in: tuple[str, ...] = ()
 
 
 @dataclass
@@ -41,6 +44,7 @@ class LiveOutcome:
     probes: dict[str, Probe] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     unavailable: str | None = None  # why no live probe could run at all
+    not_run: dict[str, str] = field(default_factory=dict)  # check id -> why its live probe did not run
     import_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
@@ -75,91 +79,24 @@ class Check:
     def has_live(self) -> bool:
         return type(self).live is not Check.live
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        """The ``skip`` when the deployment alone shows that the defect cannot bite (no role that
+        offloads, no PD, no PP ...), else None. Decided before either depth runs: a check out of
+        scope reads no source, and no live child is started for it."""
+        return None
+
     def run(
         self, target: Target, facts: Facts, depth: str = "auto", live: LiveOutcome | None = None
     ) -> Result:
-        """Combine the depths: static always (unless ``depth == "live"``), live where it ran.
-
-        When both ran and disagree, the result is ``warn`` with both findings: one of them is wrong.
-        """
+        """Run the static probe (unless ``depth == "live"``), take the live probe's outcome where it
+        ran, and turn the two into the verdict (``verdict``)."""
+        skip = self.out_of_scope(facts)
+        if skip is not None:
+            return self.result(skip.status, Depth.STATIC, skip.summary, skip.evidence, skip.assumptions)
         static = self.static(target, facts) if depth != "live" else None
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
-        if live_probe is not None and fix_outcome == "applied":
-            return self._with_fix(live_probe, static)
-        if fix_outcome is not None:
-            live_note = f"runtime fix {self.id} requested, {fix_outcome}" + (
-                f"; {live_note}" if live_note else ""
-            )
-            if live_probe is not None:
-                live_probe = dataclasses.replace(
-                    live_probe, assumptions=live_probe.assumptions + (live_note,)
-                )
-        if live_probe is None:
-            if static is None:
-                return self.result(Status.ERROR, Depth.LIVE, f"live depth unavailable: {live_note}")
-            notes = (f"live depth not run: {live_note}",) if live_note else ()
-            return self.result(
-                static.status,
-                Depth.STATIC,
-                static.summary,
-                static.evidence,
-                static.assumptions + notes,
-                static.roles,
-            )
-        if static is None or static.status == live_probe.status:
-            evidence = live_probe.evidence + (static.evidence if static else ())
-            return self.result(
-                live_probe.status,
-                Depth.LIVE,
-                live_probe.summary,
-                evidence,
-                live_probe.assumptions,
-                live_probe.roles,
-            )
-        definitive = [p for p in (live_probe, static) if p.status in (Status.PASS, Status.FAIL)]
-        if len(definitive) == 1:  # the other side could not tell (warn) or did not apply (skip)
-            chosen = definitive[0]
-            depth_used = Depth.LIVE if chosen is live_probe else Depth.STATIC
-            other = static if chosen is live_probe else live_probe
-            note = (
-                f"{'static' if chosen is live_probe else 'live'} depth: {other.status.value}: {other.summary}"
-            )
-            return self.result(
-                chosen.status,
-                depth_used,
-                chosen.summary,
-                chosen.evidence + other.evidence,
-                chosen.assumptions + (note,),
-                chosen.roles,
-            )
-        return self.result(
-            Status.WARN,
-            Depth.LIVE,
-            f"static and live disagree (static: {static.status.value}, live: {live_probe.status.value}): "
-            f"static says {static.summary}; live says {live_probe.summary}",
-            live_probe.evidence + static.evidence,
-            live_probe.assumptions + static.assumptions,
-            live_probe.roles or static.roles,
-        )
-
-    def _with_fix(self, live_probe: Probe, static: Probe | None) -> Result:
-        """The live probe ran on code the runtime fix replaced: its verdict is the deployment's
-        with the fix active; the static depth still reads the installed (unfixed) source."""
-        notes = (
-            f"runtime fix {self.id} was applied in the live run (npudoctor fix / npudoctor run); "
-            "without it, sglang's processes run the installed code",
-        )
-        if static is not None:
-            notes += (f"the installed source, read statically: {static.status.value}: {static.summary}",)
-        return self.result(
-            live_probe.status,
-            Depth.LIVE,
-            f"with runtime fix {self.id}: {live_probe.summary}",
-            live_probe.evidence + (static.evidence if static else ()),
-            live_probe.assumptions + notes,
-            live_probe.roles,
-        )
+        return verdict(self, static, live_probe, live_note, fix_outcome)
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
         if depth == "static":
@@ -170,6 +107,8 @@ class Check:
             return None, "not requested"
         if live.unavailable:
             return None, live.unavailable
+        if self.id in live.not_run:
+            return None, live.not_run[self.id]
         if self.id in live.errors:
             raise LiveProbeError(live.errors[self.id])
         return live.probes.get(self.id), ""
@@ -214,6 +153,100 @@ class Check:
 
 class LiveProbeError(RuntimeError):
     """The live probe itself raised in the child; the check becomes an ``error`` result."""
+
+
+def verdict(
+    check: Check,
+    static: Probe | None,
+    live: Probe | None,
+    live_note: str = "",
+    fix_outcome: str | None = None,
+) -> Result:
+    """The one decision: a check's static and live probes -> its ``Result``.
+
+    Every command reaches its verdict here (``check``, ``fix`` and ``run`` through
+    ``npudoctor.evaluate``), so they cannot disagree:
+
+    * live did not run: the static verdict, with the reason live did not run;
+    * live ran on code a runtime fix replaced: the live verdict, "with runtime fix";
+    * live ``fail`` (sglang's own code raised, or returned wrong bytes, pairs or values): ``fail``,
+      whatever static said; a static ``pass`` beside it is noted as a gap in the static probe;
+    * live reached a module stood in on this host: never ``pass``;
+    * static ``fail``, live ``pass``: ``warn`` (the simulation may hide what static saw);
+    * otherwise the depth that could tell (``pass``/``fail``) over one that could not.
+    """
+    if live is not None and fix_outcome == "applied":
+        return _with_fix(check, live, static)
+    if fix_outcome is not None:
+        live_note = f"runtime fix {check.id} requested, {fix_outcome}" + (
+            f"; {live_note}" if live_note else ""
+        )
+        if live is not None:
+            live = dataclasses.replace(live, assumptions=live.assumptions + (live_note,))
+    if live is None:
+        if static is None:
+            return check.result(Status.ERROR, Depth.LIVE, f"live depth unavailable: {live_note}")
+        notes = (f"live depth not run: {live_note}",) if live_note else ()
+        return _from(check, static, Depth.STATIC, static.assumptions + notes)
+    if static is None or static.status == live.status:
+        return _from(check, live, Depth.LIVE, live.assumptions, static)
+    if live.status is Status.FAIL:
+        gap = " (sglang's own code failed where the static probe saw none: a gap in the static probe)"
+        note = f"static depth: {static.status.value}: {static.summary}" + (
+            gap if static.status is Status.PASS else ""
+        )
+        return _from(check, live, Depth.LIVE, live.assumptions + (note,), static)
+    if live.stood_in and static.status is Status.PASS:
+        return check.result(
+            Status.WARN,
+            Depth.LIVE,
+            f"{live.summary}; static depth: pass: {static.summary}",
+            live.evidence + static.evidence,
+            live.assumptions + static.assumptions,
+            live.roles or static.roles,
+        )
+    definitive = [p for p in (live, static) if p.status in (Status.PASS, Status.FAIL)]
+    if len(definitive) == 1:  # the other side could not tell (warn) or did not apply (skip)
+        chosen = definitive[0]
+        other = static if chosen is live else live
+        note = f"{'static' if chosen is live else 'live'} depth: {other.status.value}: {other.summary}"
+        depth = Depth.LIVE if chosen is live else Depth.STATIC
+        return _from(check, chosen, depth, chosen.assumptions + (note,), other)
+    return check.result(
+        Status.WARN,
+        Depth.LIVE,
+        f"static and live disagree (static: {static.status.value}, live: {live.status.value}): "
+        f"static says {static.summary}; live says {live.summary}",
+        live.evidence + static.evidence,
+        live.assumptions + static.assumptions,
+        live.roles or static.roles,
+    )
+
+
+def _from(
+    check: Check, chosen: Probe, depth: Depth, assumptions: tuple[str, ...], other: Probe | None = None
+) -> Result:
+    evidence = chosen.evidence + (other.evidence if other is not None else ())
+    return check.result(chosen.status, depth, chosen.summary, evidence, assumptions, chosen.roles)
+
+
+def _with_fix(check: Check, live: Probe, static: Probe | None) -> Result:
+    """The live probe ran on code the runtime fix replaced: its verdict is the deployment's
+    with the fix active; the static depth still reads the installed (unfixed) source."""
+    notes = (
+        f"runtime fix {check.id} was applied in the live run (npudoctor fix / npudoctor run); "
+        "without it, sglang's processes run the installed code",
+    )
+    if static is not None:
+        notes += (f"the installed source, read statically: {static.status.value}: {static.summary}",)
+    return check.result(
+        live.status,
+        Depth.LIVE,
+        f"with runtime fix {check.id}: {live.summary}",
+        live.evidence + (static.evidence if static else ()),
+        live.assumptions + notes,
+        live.roles,
+    )
 
 
 def all_checks() -> list[Check]:

@@ -79,6 +79,13 @@ FixSelection = Annotated[
 AllowUnsafe = Annotated[
     bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
 ]
+PlanDepth = Annotated[
+    Depth,
+    typer.Option(
+        help="The depth the checks decide at, as in `npudoctor check`: auto runs the live probes where "
+        "the target imports, so a defect only sglang's own code shows is fixed too."
+    ),
+]
 
 
 class Role(str, Enum):
@@ -240,6 +247,7 @@ def fix(
         ),
     ] = None,
     output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
+    depth: PlanDepth = Depth.auto,
 ) -> None:
     """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
     from npudoctor.target import discover
@@ -250,14 +258,16 @@ def fix(
     if revert:
         _fix_revert(site, as_json)
     elif status:
-        _fix_status(discover(sglang_path), site, as_json)
+        _fix_status(discover(sglang_path), site, as_json, config, depth.value)
     else:
         from npudoctor import fixing
         from npudoctor.runner import load_deployment_from
 
         target = discover(sglang_path)
         ids = [s for item in (select or []) for s in item.split(",") if s]
-        planned = fixing.plan(fixing.select_fixes(ids), target, load_deployment_from(config), unsafe)
+        planned = fixing.plan(
+            fixing.select_fixes(ids), target, load_deployment_from(config).facts, unsafe, depth.value
+        )
         if apply:
             _fix_apply(target, planned, site, as_json)
         else:
@@ -274,15 +284,23 @@ def _fix_revert(site: Path | None, as_json: bool) -> None:
                 f"{registration.site_dir(site)}")  # fmt: skip
 
 
-def _fix_status(target, site: Path | None, as_json: bool) -> None:
-    """``fix --status``: what is recorded, and whether it still fits the installed sglang."""
+def _fix_status(target, site: Path | None, as_json: bool, config: Path | None, depth: str) -> None:
+    """``fix --status``: what is recorded, whether it still fits the installed sglang, and whether
+    the deployment still needs it (the decision ``fix`` makes)."""
     from npudoctor import fixing, registration
+    from npudoctor.fix import fix_by_id
+    from npudoctor.runner import load_deployment_from
 
     document = registration.read(site)
     if document is None:
         _fix_output(as_json, {"recorded": None}, f"no fix is recorded in {registration.site_dir(site)}")
         return
-    rows = fixing.status(document, target)
+    known = []
+    for fix_id in sorted(document["fixes"]):
+        with contextlib.suppress(KeyError):
+            known.append(fix_by_id(fix_id))
+    planned = fixing.plan(known, target, load_deployment_from(config).facts, True, depth)
+    rows = fixing.status(document, target, planned)
     if as_json:
         _fix_output(True, {"recorded": document, "status": [r.__dict__ for r in rows]}, "")
         return
@@ -395,6 +413,7 @@ def run(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: the launch command's.")
     ] = None,
+    depth: PlanDepth = Depth.auto,
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
     from npudoctor import deployment, fixing
@@ -420,8 +439,9 @@ def run(
     planned = fixing.plan(
         fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
         target,
-        deploy,
+        deploy.facts,
         unsafe,
+        depth.value,
     )
     document = fixing.record_document(planned, target)
     for p in planned:

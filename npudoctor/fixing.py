@@ -15,18 +15,18 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from npudoctor import activation, registration
-from npudoctor.check import run_checks
-from npudoctor.deployment import Deployment
 from npudoctor.errors import InputError
+from npudoctor.evaluate import evaluate
 from npudoctor.facts import Facts
 from npudoctor.fix import Fix, Safety, all_fixes
 from npudoctor.redact import redact_argv
 from npudoctor.registry import select
-from npudoctor.results import Status
+from npudoctor.results import Result, Status
 from npudoctor.target import Target
 
 SCHEMA = 1
@@ -51,9 +51,9 @@ class Decision:
     installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
 
 
-def decide(fix: Fix, target: Target, facts: Facts, allow_unsafe: bool = False) -> Decision:
-    """Apply only where the check finds the defect and the code is a shape the fix knows."""
-    [result] = run_checks([fix.check], target, facts, "static")  # a check that raises is an error result
+def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False) -> Decision:
+    """Apply only where the check's verdict (``result``, from ``npudoctor.evaluate``) is ``fail``
+    and the code is a shape the fix knows."""
     if result.status in (Status.PASS, Status.SKIP):
         return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
     if result.status is not Status.FAIL:
@@ -114,8 +114,24 @@ def select_fixes(ids: list[str]) -> list[Fix]:
     return select(all_fixes(), ids, "fix")
 
 
-def plan(fixes: list[Fix], target: Target, deploy: Deployment, allow_unsafe: bool) -> list[Planned]:
-    return [Planned(fix, decide(fix, target, deploy.facts, allow_unsafe)) for fix in fixes]
+def plan(
+    fixes: list[Fix],
+    target: Target,
+    facts: Facts,
+    allow_unsafe: bool,
+    depth: str = "auto",
+    on_step: Callable[[str], None] | None = None,
+) -> list[Planned]:
+    """Each fix's decision from its check's verdict at ``depth``: the verdict ``npudoctor check``
+    gives at that depth (live where the target imports, at ``auto``)."""
+    results = evaluate([fix.check for fix in fixes], target, facts, depth, on_step=on_step).results
+    return decisions(fixes, target, results, allow_unsafe)
+
+
+def decisions(fixes: list[Fix], target: Target, results: list[Result], allow_unsafe: bool) -> list[Planned]:
+    """Each fix's decision from the verdicts ``results`` (one per check id) of an evaluation."""
+    verdicts = {result.id: result for result in results}
+    return [Planned(fix, decide(fix, target, verdicts[fix.id], allow_unsafe)) for fix in fixes]
 
 
 def record_document(planned: list[Planned], target: Target) -> dict:
@@ -153,17 +169,16 @@ class SiteStatus:
     detail: str
 
 
-def status(document: dict, target: Target) -> list[SiteStatus]:
-    """Whether each recorded fix still matches the installed code (sglang may have changed since)."""
-    from npudoctor.fix import fix_by_id
-
+def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteStatus]:
+    """Whether each recorded fix still matches the installed code (sglang may have changed since)
+    and whether the deployment still needs it: ``planned`` holds ``plan``'s decisions for them."""
+    decided = {p.fix.id: p for p in planned}
     found = []
     for fix_id, entry in sorted(document["fixes"].items()):
-        try:
-            fix = fix_by_id(fix_id)
-        except KeyError:
+        if fix_id not in decided:
             found.append(SiteStatus(fix_id, "unknown fix", "this npudoctor has no such fix"))
             continue
+        fix, decision = decided[fix_id].fix, decided[fix_id].decision
         recorded = entry.get("shape", {})
         current = fix.shape_of_source(target.tree)
         changed = sorted(site for site in recorded if current.get(site) != recorded[site])
@@ -176,15 +191,16 @@ def status(document: dict, target: Target) -> list[SiteStatus]:
                     + ", ".join(changed),
                 )
             )
+        elif decision.action is Action.NOT_NEEDED:
+            found.append(SiteStatus(fix_id, "not needed", decision.reason))
         else:
-            found.append(
-                SiteStatus(
-                    fix_id,
-                    "in place",
-                    f"replaces {', '.join(s.partition(':')[2] for s in entry.get('replaces') or [])} "
-                    f"(written for sglang {entry.get('release')})",
-                )
+            detail = (
+                f"replaces {', '.join(s.partition(':')[2] for s in entry.get('replaces') or [])} "
+                f"(written for sglang {entry.get('release')})"
             )
+            if decision.action is Action.REFUSED:
+                detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
+            found.append(SiteStatus(fix_id, "in place", detail))
     return found
 
 

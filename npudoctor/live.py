@@ -118,6 +118,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _described(error: BaseException) -> str:
+    """``Type: message at file:line`` of the innermost frame: where a probe or an import broke."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
+
+
 def _child() -> int:
     """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
     request = pickle.loads(sys.stdin.buffer.read())
@@ -145,27 +152,26 @@ def _child() -> int:
         activation.enable(request["fixes"])
         step("import")
         start = time.perf_counter()
-        try:
-            for check in wanted.values():
+        for check_id, check in wanted.items():
+            try:
                 check.live_imports()
-        except Exception as error:
-            outcome.unavailable = f"sglang does not import here: {type(error).__name__}: {error}"
+            except Exception as error:  # this check's modules do not import here; the others may
+                outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}"
         outcome.fixes = {
             fix_id: activation.outcomes().get(fix_id, "not applied: the probes imported none of its modules")
             for fix_id in request["fixes"]
         }
         outcome.import_seconds = time.perf_counter() - start
         outcome.import_rss_mb = _peak_rss_mb()
-        if outcome.unavailable is None:
-            for check_id, check in wanted.items():
-                step(check_id)
-                try:
-                    with npu_runtime():
-                        outcome.probes[check_id] = check.live(target, request["facts"])
-                except Exception as error:
-                    frames = traceback.extract_tb(error.__traceback__)
-                    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-                    outcome.errors[check_id] = f"{type(error).__name__}: {error}{where}"
+        for check_id, check in wanted.items():
+            if check_id in outcome.not_run:
+                continue
+            step(check_id)
+            try:
+                with npu_runtime():
+                    outcome.probes[check_id] = check.live(target, request["facts"])
+            except Exception as error:
+                outcome.errors[check_id] = _described(error)
     outcome.peak_rss_mb = _peak_rss_mb()
     answer.write(pickle.dumps(outcome))
     answer.close()

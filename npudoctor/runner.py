@@ -14,9 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
-from npudoctor import __version__, deployment, ignores, live
-from npudoctor.check import Check, LiveOutcome, all_checks, collector_paused, run_checks
+from npudoctor import __version__, deployment, ignores
+from npudoctor.check import Check, LiveOutcome, all_checks
 from npudoctor.errors import InputError
+from npudoctor.evaluate import evaluate, reuse
 from npudoctor.launch import sglang_parser
 from npudoctor.redact import redact_result, redact_value
 from npudoctor.registry import select
@@ -46,10 +47,12 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     deploy = load_deployment(request)
     entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
     ignores.validate(entries, {c.id for c in all_checks()})
+    if request.with_fixes and request.depth == "static":
+        raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
+    fixes = _selected_fixes(request.with_fixes)
     target = discover(request.sglang_path)
-    plan, refused = _fix_plan(request, target, deploy.facts)
+    facts = deploy.facts
 
-    live_checks = [c for c in checks if c.has_live] if request.depth != "static" else []
     bar = (
         Progress(SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True)
         if progress is not None
@@ -57,7 +60,7 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     )
     with bar or contextlib.nullcontext():
         task = bar.add_task("checking", total=len(checks)) if bar else None
-        titles = {c.id: c.title for c in live_checks}
+        titles = {c.id: c.title for c in all_checks()}
 
         def live_step(step: str) -> None:
             if bar is not None:
@@ -72,20 +75,32 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
             if bar is not None:
                 bar.update(task, advance=1, description=f"{check.id} done")
 
-        outcome = live.run(target, deploy.facts, live_checks, live_step, plan) if live_checks else None
-        if outcome is not None:
-            outcome.fixes.update(refused)
-        with collector_paused():
-            results = run_checks(checks, target, deploy.facts, request.depth, advance, outcome)
+        try:
+            if fixes:
+                # the fixes are decided from the verdicts on the installed code, as `npudoctor fix`
+                # decides them; then the live probes run again with the accepted ones in place
+                probed = checks + [f.check for f in fixes if f.check not in checks]
+                plain = evaluate(probed, target, facts, request.depth, on_step=live_step)
+                plan, refused = _fix_plan(fixes, target, plain.results)
+                if plan:
+                    evaluation = evaluate(checks, target, facts, request.depth, fixes=plan, declined=refused,
+                                          on_step=live_step, on_done=advance)  # fmt: skip
+                else:  # nothing to run with: the plain live run's probes are the answer
+                    evaluation = reuse(plain, checks, target, facts, request.depth, declined=refused)
+            else:
+                evaluation = evaluate(
+                    checks, target, facts, request.depth, on_step=live_step, on_done=advance
+                )
+        finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
-    results = ignores.apply(results, entries, request.today)
-    live_summary = _live_summary(outcome)
+    results = ignores.apply(evaluation.results, entries, request.today)
+    live_summary = _live_summary(evaluation.live)
     if live_summary is not None and "reason" in live_summary:
         live_summary["reason"] = redact_value(live_summary["reason"])
     return Report(
         target=target.info(),
-        deployment=deploy.facts.to_dict(),
+        deployment=facts.to_dict(),
         results=tuple(redact_result(r) for r in results),
         fail_on=Status(request.fail_on),
         tool_version=__version__,
@@ -93,22 +108,25 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     )
 
 
-def _fix_plan(request: CheckRequest, target, facts) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
-    if not request.with_fixes:
-        return {}, {}
-    if request.depth == "static":
-        raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
+def _selected_fixes(ids: list[str]) -> list:
+    if not ids:
+        return []
     from npudoctor.fix import all_fixes
-    from npudoctor.fixing import Action, decide
+
+    return select(all_fixes(), ids, "fix", option="--with-fix")
+
+
+def _fix_plan(fixes, target, results) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
+    from npudoctor.fixing import Action, decisions
 
     plan, refused = {}, {}
-    for fix in select(all_fixes(), request.with_fixes, "fix", option="--with-fix"):
-        decision = decide(fix, target, facts, allow_unsafe=True)
+    for planned in decisions(fixes, target, results, allow_unsafe=True):
+        decision = planned.decision
         if decision.action is Action.APPLY:
-            plan[fix.id] = decision.shape
+            plan[decision.fix_id] = decision.shape
         else:
-            refused[fix.id] = f"{decision.action.value}: {decision.reason}"
+            refused[decision.fix_id] = f"{decision.action.value}: {decision.reason}"
     return plan, refused
 
 

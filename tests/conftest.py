@@ -242,13 +242,13 @@ def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:
 def cli(capsys):
     """Run ``npudoctor`` in-process; returns (exit code, stdout, stderr).
 
-    ``check`` runs at ``--depth static`` unless the test names a depth: the live depth
-    imports sglang in a child (~10 s) and has tests of its own.
+    ``check`` and ``fix`` run at ``--depth static`` unless the test names a depth: the live
+    depth imports sglang in a child (~10 s) and has tests of its own.
     """
 
     def run(*args: str) -> tuple[int, str, str]:
         argv = [str(a) for a in args]
-        if argv[:1] == ["check"] and "--depth" not in argv:
+        if argv[:1] in (["check"], ["fix"]) and "--depth" not in argv:
             split = argv.index("--") if "--" in argv else len(argv)
             argv[split:split] = ["--depth", "static"]
         code = main(argv)

@@ -31,6 +31,16 @@ def _facts(config: str):
     return from_yaml(Path(config)).facts
 
 
+def _decide(fix, config: str, unsafe: bool):
+    """``npudoctor fix``'s decision at the static depth: this process already imported sglang behind
+    the NPU simulation, and the cases these tests drive are ones both depths agree on."""
+    from npudoctor.fixing import plan
+    from npudoctor.target import discover
+
+    [planned] = plan([fix], discover(), _facts(config), unsafe, depth="static")
+    return planned.decision
+
+
 def _probe(check_id: str, config: str) -> dict:
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime
@@ -73,13 +83,13 @@ def _signatures(fix) -> dict[str, str]:
 def inprocess(check_id: str, config: str) -> dict:
     from npudoctor import activation
     from npudoctor.fix import fix_by_id
-    from npudoctor.fixing import Action, decide
+    from npudoctor.fixing import Action
     from npudoctor.npusim import simulated_npu
     from npudoctor.target import discover
 
     fix = fix_by_id(check_id)
     # this mode proves the patch and its revert; the --unsafe opt-in is decide's, tested on its own
-    decision = decide(fix, discover(), _facts(config), allow_unsafe=True)
+    decision = _decide(fix, config, unsafe=True)
     if decision.action is not Action.APPLY:
         return {"decision": decision.action.value, "reason": decision.reason}
     with simulated_npu():
@@ -137,7 +147,7 @@ def plugin(check_id: str, config: str) -> dict:
 def compare(check_id: str, configs: list[str], unsafe: bool, revert: bool) -> dict:
     from npudoctor import activation
     from npudoctor.fix import fix_by_id
-    from npudoctor.fixing import Action, decide
+    from npudoctor.fixing import Action
     from npudoctor.npusim import simulated_npu
     from npudoctor.target import discover
 
@@ -152,7 +162,7 @@ def compare(check_id: str, configs: list[str], unsafe: bool, revert: bool) -> di
         report: dict = {"plain": probes(), "decisions": {}}
         accepted = None
         for config in configs:
-            decision = decide(fix, discover(), _facts(config), allow_unsafe=unsafe)
+            decision = _decide(fix, config, unsafe)
             report["decisions"][config] = {
                 "action": decision.action.value,
                 "reason": decision.reason,

@@ -270,21 +270,24 @@ def test_another_shape_is_refused_with_the_sites_that_differ(cli, release, overl
     assert "send_kvcache (" not in reason and "get_global_server_args (" not in reason
 
 
-def test_the_mha_divisibility_sibling_of_later_releases_is_not_claimed(cli, release, tmp_path):
+@pytest.mark.slow  # a live run: fix decides at auto depth
+def test_the_mha_divisibility_sibling_of_later_releases_is_refused_by_shape(cli, release, tmp_path):
     """0.5.12+ slice MLA per group; their MHA splitter still guesses decode's draft layers from
-    layer-count divisibility (the live probe fails an uneven split, see test_npd003_live). The
-    static depth cannot tell, so the fix is not planned there: refused, nothing patched."""
+    layer-count divisibility (the live probe fails an uneven split, see test_npd003_live). `fix`
+    decides at the depth `check` does (auto: live), so it sees the failure; the fix was written
+    for another shape of the transfer code and refuses it: nothing patched."""
     config = deployment(
         tmp_path, "qwen3-uneven-eagle", QWEN3, {}, {"speculative_algorithm": "EAGLE3"},
         {"SGLANG_PP_LAYER_PARTITION": "20,28"},
     )  # fmt: skip
     code, out, err = cli(
         "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", release("0.5.23"),
-        "--config", config,
+        "--config", config, "--depth", "auto",
     )  # fmt: skip
     assert code == 0, err
     (entry,) = json.loads(out)["plan"]
-    assert entry["action"] == "refused" and "could not confirm the defect (warn" in entry["reason"], entry
+    assert entry["action"] == "refused", entry
+    assert "not a shape this fix was written for" in entry["reason"] and "AscendKVManager" in entry["reason"], entry
 
 
 # Runs with 0.5.11 on PYTHONPATH: the replacement's own refusals, on a stand-in manager.

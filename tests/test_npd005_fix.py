@@ -20,7 +20,7 @@ import pytest
 
 from npudoctor.deployment import from_yaml
 from npudoctor.fix import fix_by_id
-from npudoctor.fixing import Action, decide
+from npudoctor.fixing import Action, plan
 from npudoctor.target import discover
 
 from conftest import EXAMPLES, fixprobe, replace_text
@@ -127,7 +127,7 @@ def test_releases_where_the_check_passes_need_no_fix(version, release):
     fix = fix_by_id("NPD005")
     target = discover(release(version))
     for config in (DEEPSEEK, QWEN_MOE):
-        decision = decide(fix, target, from_yaml(config).facts)
+        decision = _decision(fix, target, config)
         assert decision.action is Action.NOT_NEEDED and "NPD005 pass" in decision.reason, (config, decision)
     assert fix.installs_in_source(target.tree) == ()  # nothing there refuses the allocator's call
 
@@ -137,7 +137,7 @@ def test_record_lists_the_sites_installed_on_0514(release):
 
     fix = fix_by_id("NPD005")
     target = discover(release("0.5.14"))
-    decision = decide(fix, target, from_yaml(DEEPSEEK).facts)
+    decision = _decision(fix, target, DEEPSEEK)
     (entry,) = record_document([Planned(fix, decision)], target)["fixes"].values()
     assert entry["replaces"] == list(MLA) and entry["release"] == "0.5.14" and entry["safety"] == "safe"
 
@@ -188,3 +188,9 @@ def test_installs_follows_the_code_not_the_release_name(release, overlay):
     fix = fix_by_id("NPD005")
     assert fix.installs_in_source(discover(tree).tree) == MLA
     assert fix.installs_in_source(discover(release("0.5.13")).tree) == MLA + MHA
+
+
+def _decision(fix, target, config: Path):
+    """``npudoctor fix --depth static``'s decision for ``config`` (the cases here: both depths agree)."""
+    [planned] = plan([fix], target, from_yaml(config).facts, False, depth="static")
+    return planned.decision

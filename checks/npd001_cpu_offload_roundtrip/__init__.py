@@ -59,24 +59,23 @@ class CpuOffloadRoundTrip(Check):
     def live_imports(self) -> None:
         livepools.import_pool_modules()
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        roles, _, _ = offload_scope(facts)
+        if roles:
+            return None
+        return Probe(
+            Status.SKIP,
+            "no role of this deployment offloads KV to CPU: only a PD decode server does "
+            "(ScheduleBatch.release_req with disaggregation_mode == 'decode')",
+        )
+
     def live(self, target: Target, facts: Facts) -> Probe:
         roles, families, assumptions = offload_scope(facts)
-        if not roles:
-            return Probe(
-                Status.SKIP, "no role of this deployment offloads KV to CPU (only a PD decode server does)"
-            )
         role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
         return live_probe(facts, role, roles, families, assumptions)
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        roles, families, assumptions = offload_scope(facts)
-        if not roles:
-            return Probe(
-                Status.SKIP,
-                "no role of this deployment offloads KV to CPU: only a PD decode server does "
-                "(ScheduleBatch.release_req with disaggregation_mode == 'decode')",
-            )
-        return static_probe(target.tree, roles, families, assumptions)
+        return static_probe(target.tree, *offload_scope(facts))
 
 
 CHECK = CpuOffloadRoundTrip()

@@ -51,17 +51,19 @@ class TransferItemLengths(Check):
     def live_imports(self) -> None:
         livepools.import_pool_modules()
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        roles, _, _ = _scope(facts)
+        return (
+            None
+            if roles
+            else Probe(Status.SKIP, "not a PD disaggregated deployment: no KV cache is transferred")
+        )
+
     def live(self, target: Target, facts: Facts) -> Probe:
-        roles, families, assumptions = _scope(facts)
-        if not roles:
-            return Probe(Status.SKIP, "not a PD disaggregated deployment: no KV cache is transferred")
-        return live_probe(facts, roles, families, assumptions)
+        return live_probe(facts, *_scope(facts))
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        roles, families, assumptions = _scope(facts)
-        if not roles:
-            return Probe(Status.SKIP, "not a PD disaggregated deployment: no KV cache is transferred")
-        return static_probe(target.tree, facts, roles, families, assumptions)
+        return static_probe(target.tree, facts, *_scope(facts))
 
 
 def _scope(facts: Facts) -> tuple[list[RoleFacts], list[str], tuple[str, ...]]:

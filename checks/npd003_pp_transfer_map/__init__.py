@@ -97,12 +97,13 @@ class PipelineTransferMap(Check):
         livepools.import_pool_modules()
         live_probe.import_transfer_modules()
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        scope = _scope(facts)
+        return Probe(Status.SKIP, scope) if isinstance(scope, str) else None
+
     def live(self, target: Target, facts: Facts) -> Probe:
         """Run the installed ``send_kvcache`` for every prefill stage and check every pair."""
-        scope = _scope(facts)
-        if isinstance(scope, str):
-            return Probe(Status.SKIP, scope)
-        families, draft_layers, assumptions, roles = scope
+        families, draft_layers, assumptions, roles = _scope(facts)
         prefill, decode, role_notes = _live_roles(facts, draft_layers)
         if decode.pp_size not in (1, prefill.pp_size):
             return Probe(
@@ -116,10 +117,7 @@ class PipelineTransferMap(Check):
         return live_probe.probe(models, facts.model is None, prefill, decode, role_notes, assumptions, roles)
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        scope = _scope(facts)
-        if isinstance(scope, str):
-            return Probe(Status.SKIP, scope)
-        families, draft_layers, assumptions, roles = scope
+        families, draft_layers, assumptions, roles = _scope(facts)
         return static_probe.probe(target.tree, families, draft_layers, assumptions, roles)
 
 

@@ -107,6 +107,10 @@ class ContextParallelMetadataFields(Check):
         "the per-request *_list lengths), or apply the npudoctor runtime override for NPD004."
     )
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        _, assumptions, reason = _cp_roles(facts)
+        return Probe(Status.SKIP, reason, assumptions=assumptions) if reason else None
+
     def static(self, target: Target, facts: Facts) -> Probe:
         """Walk the FIA CP attention path of the target's source and test every metadata read."""
         scope = _scope(target.tree, facts)

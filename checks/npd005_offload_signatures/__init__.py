@@ -114,12 +114,13 @@ class OffloadSignatures(Check):
     )
     how_to_fix = "Upgrade sglang, or apply the npudoctor runtime override for NPD005 (accept and forward the keywords)."
 
+    def out_of_scope(self, facts: Facts) -> Probe | None:
+        scope = _path_scope(facts)
+        return scope if isinstance(scope, Probe) else None
+
     def static(self, target: Target, facts: Facts) -> Probe:
         """Bind every offload call to every override it can reach; rank offenders by the deployment's path."""
-        scope = _path_scope(facts)
-        if isinstance(scope, Probe):
-            return scope
-        return _OffloadGraph(target.tree).probe(*scope)
+        return _OffloadGraph(target.tree).probe(*_path_scope(facts))
 
     def live_imports(self) -> None:
         """Import the module of every class a decode server's offload path can hold (the static
@@ -130,10 +131,7 @@ class OffloadSignatures(Check):
         """Build the deployment's allocator and pools on CPU, call ``get_cpu_copy``/``load_cpu_copy``
         through the real chain with the keywords the installed callers pass, and record what every
         level receives (see ``_LiveProbe``)."""
-        scope = _path_scope(facts)
-        if isinstance(scope, Probe):
-            return scope
-        return _LiveProbe(_graph(target.tree.package_dir), facts).run(*scope)
+        return _LiveProbe(_graph(target.tree.package_dir), facts).run(*_path_scope(facts))
 
 
 def _path_scope(facts: Facts):
