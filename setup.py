@@ -4,7 +4,7 @@
 and ``npudoctor.fixes``; every folder of ``checks/`` (one per check) is a subpackage of
 ``npudoctor.checks``, found here, so adding a check is adding a folder and nothing else.
 ``npudoctor.bootstrap`` holds the ``sitecustomize.py`` of ``npudoctor run`` (put on PYTHONPATH,
-never imported).
+never imported); ``npudoctor/data/server_args.json`` the ServerArgs history of every release.
 """
 
 from setuptools import find_packages, setup
@@ -19,4 +19,6 @@ setup(
         "npudoctor.checks",
         *(f"npudoctor.checks.{name}" for name in find_packages(where="checks")),
     ],
+    # every release's ServerArgs fields and flags (scripts/server_args_history.py writes it)
+    package_data={"npudoctor": ["data/*.json"]},
 )

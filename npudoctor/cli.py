@@ -262,12 +262,13 @@ def fix(
     else:
         from npudoctor import fixing
         from npudoctor.runner import load_deployment_from
+        from npudoctor.serverargs import validate_arguments
 
         target = discover(sglang_path)
+        deploy = load_deployment_from(config)
+        validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before planning
         ids = [s for item in (select or []) for s in item.split(",") if s]
-        planned = fixing.plan(
-            fixing.select_fixes(ids), target, load_deployment_from(config).facts, unsafe, depth.value
-        )
+        planned = fixing.plan(fixing.select_fixes(ids), target, deploy.facts, unsafe, depth.value)
         if apply:
             _fix_apply(target, planned, site, as_json)
         else:
@@ -418,6 +419,7 @@ def run(
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
     from npudoctor import deployment, fixing
     from npudoctor.runner import load_deployment_from
+    from npudoctor.serverargs import validate_arguments
     from npudoctor.target import discover
 
     command = list(ctx.args)
@@ -436,6 +438,7 @@ def run(
         except InputError:
             deploy = deployment.no_deployment()  # not an sglang launch we can read: assume the worst
     target = discover()
+    validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2, the server would not start
     planned = fixing.plan(
         fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
         target,

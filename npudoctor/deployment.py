@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 
 from npudoctor.errors import InputError
-from npudoctor.facts import NO_DEPLOYMENT, Facts, ModelFacts, role_facts
+from npudoctor.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
 from npudoctor.ignores import Ignore, parse_yaml
-from npudoctor.launch import parse_arguments, parse_command
+from npudoctor.launch import flag_names, parse_arguments, parse_command
 
 # Environment variables that change sglang's code paths on Ascend; read from the
 # caller's environment when a deployment is given as a launch command.
@@ -73,16 +73,19 @@ def from_yaml(path: Path) -> Deployment:
         if not isinstance(server_args, dict):
             raise InputError(f"{role_where}.server_args: must be a mapping of ServerArgs fields")
         unknown: list[str] = []
+        given = [GivenArgument("field", str(key), f"{role_where}.server_args") for key in server_args]
         if spec.get("args") is not None:
             args = spec["args"]
             if isinstance(args, str):
                 args = args.split()
             if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
                 raise InputError(f"{role_where}.args: must be a list of command-line words")
-            parsed, unknown = _parse_args([str(a) for a in args], f"{role_where}.args")
+            words = [str(a) for a in args]
+            parsed, unknown = _parse_args(words, f"{role_where}.args")
             server_args = {**parsed, **server_args}
+            given += [GivenArgument("flag", flag, f"{role_where}.args") for flag in flag_names(words)]
         env = {**shared_env, **_env_mapping(spec.get("env"), f"{role_where}.env")}
-        roles.append(role_facts(str(name), server_args, env, model, tuple(unknown), role_where))
+        roles.append(role_facts(str(name), server_args, env, model, tuple(unknown), role_where, tuple(given)))
     ignores = parse_yaml(data.get("ignore"), where)
     return Deployment(Facts(model=model, roles=tuple(roles), source=f"yaml:{path}"), ignores)
 
@@ -98,7 +101,10 @@ def from_command(argv: list[str], parser=None) -> Deployment:
         model = model_from_dir(Path(str(model_path)), "launch command: --model-path")
     mode = str(command.server_args.get("disaggregation_mode") or "null")
     name = mode if mode in ("prefill", "decode") else "server"
-    role = role_facts(name, command.server_args, env, model, tuple(command.unknown_args), "launch command")
+    given = tuple(GivenArgument("flag", flag, "launch command") for flag in command.flags)
+    role = role_facts(
+        name, command.server_args, env, model, tuple(command.unknown_args), "launch command", given
+    )
     return Deployment(Facts(model=model, roles=(role,), source="command"))
 
 
@@ -107,7 +113,8 @@ def from_flags(model_path: Path | None, server_args: dict[str, Any], env: dict[s
     model = model_from_dir(model_path, "--model-path") if model_path else None
     mode = str(server_args.get("disaggregation_mode") or "null")
     name = mode if mode in ("prefill", "decode") else "server"
-    role = role_facts(name, server_args, env, model, (), "flags")
+    given = tuple(GivenArgument("field", key, "flags") for key in server_args)
+    role = role_facts(name, server_args, env, model, (), "flags", given)
     return Deployment(Facts(model=model, roles=(role,), source="flags"))
 
 

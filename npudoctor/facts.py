@@ -121,6 +121,17 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class GivenArgument:
+    """A server argument name exactly as the deployment passes it, and where: a ServerArgs field
+    (``kind="field"``: a YAML ``server_args`` key, a ``--model-path`` flag) or a launch flag
+    (``kind="flag"``, e.g. ``--tp-size``). Checked against the release (``npudoctor.serverargs``)."""
+
+    kind: str  # "field" or "flag"
+    name: str
+    where: str  # e.g. "deploy.yaml: roles.decode.server_args", "launch command"
+
+
+@dataclass(frozen=True)
 class RoleFacts:
     """One sglang server process group: its parallelism, cache layout and code-path switches."""
 
@@ -141,6 +152,7 @@ class RoleFacts:
     env: dict[str, str] = field(default_factory=dict)
     server_args: dict[str, Any] = field(default_factory=dict)
     unknown_args: tuple[str, ...] = ()
+    given: tuple[GivenArgument, ...] = ()  # the names as passed, for the release to accept
 
     @property
     def can_offload_kv(self) -> bool:
@@ -180,6 +192,7 @@ class Facts:
             entry["env"] = redact_env(role.env)
             entry["server_args"] = redact_data(role.server_args)
             entry["unknown_args"] = redact_argv(role.unknown_args)
+            entry.pop("given")  # the raw names; server_args and unknown_args report them
             data["roles"].append(entry)
         return data
 
@@ -194,6 +207,7 @@ def role_facts(
     model: ModelFacts | None,
     unknown_args: tuple[str, ...] = (),
     where: str = "",
+    given: tuple[GivenArgument, ...] = (),
 ) -> RoleFacts:
     """Facts for one role from sglang ServerArgs field names and its environment."""
     where = where or f"role {name}"
@@ -260,6 +274,7 @@ def role_facts(
         env=dict(env),
         server_args=dict(server_args),
         unknown_args=tuple(unknown_args),
+        given=tuple(given),
     )
 
 

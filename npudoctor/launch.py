@@ -4,7 +4,8 @@
 describes a deployment the way it is really started. When sglang itself is importable
 its own argparse definitions are used; otherwise a built-in table of the flags the
 checks need (with the aliases sglang accepts), and every other ``--flag [value]`` is
-kept under its sglang field name, so nothing the user wrote is lost or rejected.
+kept under its sglang field name, so nothing the user wrote is lost. Whether the release
+under test accepts each flag is decided once the target is known (``npudoctor.serverargs``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class LaunchCommand:
     env: dict[str, str] = field(default_factory=dict)
     server_args: dict[str, Any] = field(default_factory=dict)
     unknown_args: list[str] = field(default_factory=list)
+    # the flags for the release under test to accept (``npudoctor.serverargs``): every flag with
+    # the built-in table; with sglang's own parser, only those it did not know
+    flags: list[str] = field(default_factory=list)
 
 
 def parse_command(argv: list[str], parser: argparse.ArgumentParser | None = None) -> LaunchCommand:
@@ -76,9 +80,16 @@ def parse_command(argv: list[str], parser: argparse.ArgumentParser | None = None
             raise InputError(f"launch command: {error}") from None
         command.server_args = {key: _plain(value) for key, value in vars(namespace).items()}
         command.unknown_args = list(unknown)
+        command.flags = flag_names(unknown)
     else:
         command.server_args, command.unknown_args = parse_arguments(args)
+        command.flags = flag_names(args)
     return command
+
+
+def flag_names(args: list[str]) -> list[str]:
+    """The flags of an argument list as written (``--x=1`` -> ``--x``), values left out."""
+    return [token.partition("=")[0] for token in args if token.startswith("--") and token != "--"]
 
 
 def _plain(value: Any) -> Any:

@@ -22,6 +22,7 @@ from npudoctor.launch import sglang_parser
 from npudoctor.redact import redact_result, redact_value
 from npudoctor.registry import select
 from npudoctor.results import Report, Status
+from npudoctor.serverargs import validate_arguments
 from npudoctor.target import discover
 
 
@@ -51,6 +52,7 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
     fixes = _selected_fixes(request.with_fixes)
     target = discover(request.sglang_path)
+    validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before any probe runs
     facts = deploy.facts
 
     bar = (

@@ -19,7 +19,7 @@ MODELS = EXAMPLES / "models"
 def comparable(role):
     """What the checks read: everything but the raw inputs and the role's label."""
     data = dataclasses.asdict(role)
-    for raw in ("name", "server_args", "unknown_args"):
+    for raw in ("name", "server_args", "unknown_args", "given"):
         data.pop(raw)
     return data
 

@@ -58,6 +58,26 @@ def statuses(report: dict) -> dict[str, str]:
     return {r["id"]: r["status"] for r in report["results"]}
 
 
+def _release_key(state: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in state.split("+")[0].split("."))  # a synthetic state: its release
+
+
+def refused_names(example: str, state: str) -> list[str]:
+    """The names ``example`` passes (server_args keys, args flags) that known.yaml's ``server_args``
+    says ``state``'s release does not accept: NPD000 must fail on exactly these."""
+    spec = yaml.safe_load((EXAMPLES / example).read_text())
+    refused = set()
+    for role in spec["roles"].values():
+        passed = set((role or {}).get("server_args") or {})
+        passed |= {str(a) for a in (role or {}).get("args") or [] if str(a).startswith("--")}
+        for name, accepted in TRUTH["server_args"].items():
+            first, last = accepted["accepted"].split("..")
+            inside = _release_key(first) <= _release_key(state) <= _release_key(last)
+            if (name in passed or accepted["flag"] in passed) and not inside:
+                refused.add(name)
+    return sorted(refused)
+
+
 # ---------------------------------------------------------------------------------------------
 # Every deployment loads, on every state
 
@@ -86,9 +106,15 @@ def test_example_loads_and_checks_cleanly(cli, subject, example, state):
     assert report["deployment"]["source"] == f"yaml:{EXAMPLES / example}"
     assert report["deployment"]["model"] is not None
     results = statuses(report)
-    assert sorted(results) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(results) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
     assert "error" not in results.values(), report["results"]
     assert code == (1 if "fail" in results.values() else 0)
+    # the release accepts the example's argument names, or NPD000 names each one it refuses
+    refused = refused_names(example, state)
+    npd000 = result_of(report, "NPD000")
+    assert npd000["status"] == ("fail" if refused else "pass"), npd000["summary"]
+    for name in refused:
+        assert f"no ServerArgs field {name} (known in " in npd000["summary"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,12 +158,57 @@ def test_example_verdicts_are_the_known_truths(cli, subject, example, check_id, 
 
 @pytest.mark.parametrize("example", DEPLOYMENTS)
 def test_no_example_fails_on_the_newest_release(cli, subject, example):
-    """On the newest release every check is absent (known.yaml): no example may fail there."""
+    """On the newest release every defect is absent (known.yaml): no example fails a defect check
+    there. NPD000 fails only where the newest release refuses an argument name the example passes:
+    the CP example's 0.5.10-0.5.19 spelling (enable_prefill_context_parallel, prefill_cp_mode) is
+    gone from 0.5.20 on, so that server would not start (known.yaml, server_args)."""
     newest = RELEASES[-1]
     _, report = run_example(cli, subject, example, newest)
     for result in report["results"]:
+        if result["id"] == "NPD000":
+            refused = refused_names(example, newest)
+            assert result["status"] == ("fail" if refused else "pass"), result
+            assert refused == (
+                ["enable_prefill_context_parallel", "prefill_cp_mode"]
+                if example == "qwen3-cp-prefill.yaml"
+                else []
+            )
+            continue
         assert truth(newest, result["id"]) == "absent"
         assert result["status"] != "fail", result
+
+
+@pytest.mark.parametrize(
+    "state, status",
+    [
+        ("0.5.9", "fail"),
+        ("0.5.10", "pass"),
+        ("0.5.13+cp-gap", "pass"),
+        ("0.5.15", "pass"),
+        ("0.5.23", "fail"),
+    ],
+)
+def test_cp_example_on_releases_without_its_cp_spelling(cli, subject, state, status):
+    """examples/qwen3-cp-prefill.yaml uses the CP names of 0.5.10-0.5.19 (known.yaml, server_args):
+    0.5.9 predates them and 0.5.20 removed them. There the server refuses to start, and NPD000 says
+    so with the releases that know the names and the release's ServerArgs as file:line."""
+    example = "qwen3-cp-prefill.yaml"
+    assert (status == "fail") == bool(refused_names(example, state))
+    code, report = run_example(cli, subject, example, state, "--select", "NPD000")
+    result = result_of(report, "NPD000")
+    assert (result["status"], code) == (status, 1 if status == "fail" else 0), result["summary"]
+    release = state.split("+")[0]
+    if status == "fail":
+        assert result["summary"] == (
+            f"sglang {release} has no ServerArgs field enable_prefill_context_parallel (known in 0.5.10..0.5.19) "
+            "and no ServerArgs field prefill_cp_mode (known in 0.5.10..0.5.19): the server would refuse to start"
+        )
+        assert result["roles"] == ["prefill"]
+        assert result["remediation"]["fix_id"] is None  # no runtime fix: the remedy is the spelling
+    location = result["evidence"][0]["location"]
+    assert location["path"] == "sglang/srt/server_args.py" and location["symbol"] == "ServerArgs"
+    line = (subject(state) / location["path"]).read_text().splitlines()[location["line"] - 1]
+    assert line.startswith("class ServerArgs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,9 +294,10 @@ def test_swa_example_on_the_newest_release_warns_about_a_dropped_keyword(cli, su
 def test_swa_example_other_checks(cli, subject, state):
     # NPD001 is present in 0.5.12 for the MLA pool only: this GQA model offloads through the NPU
     # MHA pool, whose (inherited) offload methods read buffers it builds -> pass. No FIA, no PP,
-    # no CP in this deployment: NPD002/3/4 do not apply.
+    # no CP in this deployment: NPD002/3/4 do not apply. Both releases accept its arguments.
     _, report = run_example(cli, subject, SWA, state)
     assert statuses(report) == {
+        "NPD000": "pass",
         "NPD001": "pass",
         "NPD002": "skip",
         "NPD003": "skip",
@@ -423,7 +495,7 @@ def test_github_job_runs(subject, tmp_path, state):
     assert outputs["check"]["code"] == ("1" if buggy else "0")
     junit = ET.parse(tmp_path / "work" / "npudoctor.xml").getroot()
     cases = {c.get("name").split()[0]: c for c in junit.iter("testcase")}
-    assert sorted(cases) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(cases) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
     assert (cases["NPD001"].find("failure") is not None) is buggy
 
     annotate = done["annotate"]
@@ -436,7 +508,7 @@ def test_github_job_runs(subject, tmp_path, state):
         match = re.match(r"\| \*\*(NPD\d+)\*\* [^|]* \| (\w+) \|", line)
         if match:
             rows[match.group(1)] = match.group(2)
-    assert sorted(rows) == ["NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(rows) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
     assert rows["NPD001"] == ("FAIL" if buggy else "PASS")
 
     assert done["gate"].returncode == (1 if buggy else 0), done["gate"].stdout
