@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from npudoctor import history
 from npudoctor.results import Depth, Evidence, Remediation, Result, Status
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class LiveOutcome:
     errors: dict[str, str] = field(default_factory=dict)
     unavailable: str | None = None  # why no live probe could run at all
     not_run: dict[str, str] = field(default_factory=dict)  # check id -> why its live probe did not run
+    stood_in: dict[str, str] = field(
+        default_factory=dict
+    )  # module (or name) stood in -> the check that needed it
     import_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
@@ -57,10 +61,11 @@ class Check:
     id: ClassVar[str]
     title: ClassVar[str]
     upstream: ClassVar[tuple[str, ...]] = ()  # pull-request URLs
-    fixed_in: ClassVar[str | None] = None  # first release with the fixed shape, if known
     why: ClassVar[str] = ""  # why it matters to a deployment
     bites_when: ClassVar[str] = ""  # the conditions under which the defect shows
-    how_to_fix: ClassVar[str] = ""
+    how_to_fix: ClassVar[str] = ""  # what npudoctor offers; the upgrade advice comes from the history
+    # whether a release fixes it (npudoctor.history): a defect of sglang, not of the deployment's input
+    upstream_history: ClassVar[bool] = True
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Read the target's source (never import it) and test the property."""
@@ -96,7 +101,27 @@ class Check:
         static = self.static(target, facts) if depth != "live" else None
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
-        return verdict(self, static, live_probe, live_note, fix_outcome)
+        result = verdict(self, static, live_probe, live_note, fix_outcome)
+        if result.remediation is None or not self.upstream_history:
+            return result
+        return dataclasses.replace(
+            result, remediation=self.remediation(history.upstream(self.id, facts, target.version))
+        )
+
+    def remediation(self, upstream: history.Upstream) -> Remediation:
+        """What to do about a finding: the release history's upgrade (``npudoctor.history``) where
+        there is one, and npudoctor's own remedy."""
+        if upstream.fixed_in is not None:
+            advice = (
+                f"Upgrade sglang to {upstream.fixed_in} or later (the property holds from there in every "
+                f"release npudoctor checked, through {upstream.newest_checked}), or {self.how_to_fix}"
+            )
+        elif upstream.newest_checked is not None:
+            advice = f"Not fixed upstream as of sglang {upstream.newest_checked}: {self.how_to_fix}"
+        else:
+            advice = self.how_to_fix[:1].upper() + self.how_to_fix[1:]
+        unfixed = upstream.newest_checked if upstream.fixed_in is None else None
+        return Remediation(fix_id=self.id, fixed_in=upstream.fixed_in, advice=advice, unfixed_as_of=unfixed)
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
         if depth == "static":
@@ -124,7 +149,7 @@ class Check:
     ) -> Result:
         remediation = None
         if status in (Status.FAIL, Status.WARN):
-            remediation = Remediation(fix_id=self.id, fixed_in=self.fixed_in, advice=self.how_to_fix)
+            remediation = Remediation(fix_id=self.id, advice=self.how_to_fix)  # Check.run adds the history
         return Result(
             id=self.id,
             title=self.title,

@@ -463,8 +463,22 @@ def list_checks() -> None:
     table.add_column("Upstream")
     table.add_column("Fixed in", no_wrap=True)
     for item in all_checks():
-        table.add_row(item.id, item.title, "\n".join(item.upstream), item.fixed_in or "-")
+        table.add_row(item.id, item.title, "\n".join(item.upstream), _fixed_in_history(item))
     Console(highlight=False).print(table)
+
+
+def _fixed_in_history(item) -> str:
+    """What ``npudoctor.history`` says for the check on any deployment: the first release from
+    which every witness deployment holds the property, or that the newest still fails."""
+    from npudoctor import history
+    from npudoctor.facts import NO_DEPLOYMENT
+
+    if not item.upstream_history:
+        return "-"
+    found = history.upstream(item.id, NO_DEPLOYMENT, None)
+    if found.fixed_in:
+        return f"fixed in {found.fixed_in}"
+    return f"not fixed as of {found.newest_checked}" if found.newest_checked else "-"
 
 
 @app.command()
@@ -481,8 +495,7 @@ def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check 
     console.print(f"[bold]Why it matters[/]\n{escape(item.why)}\n")
     console.print(f"[bold]When it bites[/]\n{escape(item.bites_when)}\n")
     console.print(f"[bold]How to fix[/]\n{escape(item.how_to_fix)}")
-    if item.fixed_in:
-        console.print(f"Fixed upstream in sglang {escape(item.fixed_in)}.")
+    console.print(f"Upstream (release history npudoctor checked): {escape(_fixed_in_history(item))}.")
     for url in item.upstream:
         console.print(f"Upstream: {url}")
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()

@@ -14,6 +14,9 @@ caller can show progress.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
+import importlib.util
 import os
 import pickle
 import resource
@@ -25,8 +28,9 @@ import time
 import traceback
 from collections.abc import Callable
 
-from npudoctor.check import Check, LiveOutcome
+from npudoctor.check import Check, LiveOutcome, Probe
 from npudoctor.facts import Facts
+from npudoctor.results import Status
 from npudoctor.target import Target
 
 # A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
@@ -50,6 +54,11 @@ def run(
     ids = [c.id for c in checks]
     if not ids:
         return LiveOutcome()
+    if not _importable("torch"):  # a slim install: the static depth is all there is
+        return LiveOutcome(
+            unavailable="torch is not installed in this interpreter (the live depth builds sglang's "
+            "tensors with it: pip install -r requirements-live.txt)"
+        )
     env = dict(os.environ)
     if target.source == "path":
         env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -107,6 +116,13 @@ def run(
     return outcome
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _read_steps(fd: int, on_step: Callable[[str], None] | None) -> None:
     with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as steps:
         for line in steps:
@@ -125,6 +141,17 @@ def _described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
+def _cannot_tell(module: str, what: str) -> Probe:
+    return Probe(Status.WARN, f"cannot tell: {what}", stood_in=(module,))
+
+
+def _stood_in_note(outcome: LiveOutcome) -> str:
+    return (
+        "live: not installed on this host, stood in for the import (no probe ran their code): "
+        + ", ".join(sorted(outcome.stood_in))
+    )
+
+
 def _child() -> int:
     """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
     request = pickle.loads(sys.stdin.buffer.read())
@@ -134,7 +161,7 @@ def _child() -> int:
     answer = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from npudoctor import activation
+    from npudoctor import activation, standins
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime, simulated_npu
     from npudoctor.target import discover
@@ -154,9 +181,12 @@ def _child() -> int:
         start = time.perf_counter()
         for check_id, check in wanted.items():
             try:
-                check.live_imports()
+                standins.import_with_stand_ins(check.live_imports, check_id)
             except Exception as error:  # this check's modules do not import here; the others may
                 outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}"
+        if standins.stood_in:
+            gc.collect()  # classes of an import attempt that failed halfway must not be found again
+        outcome.stood_in = dict(standins.stood_in)
         outcome.fixes = {
             fix_id: activation.outcomes().get(fix_id, "not applied: the probes imported none of its modules")
             for fix_id in request["fixes"]
@@ -168,10 +198,23 @@ def _child() -> int:
                 continue
             step(check_id)
             try:
-                with npu_runtime():
-                    outcome.probes[check_id] = check.live(target, request["facts"])
+                with npu_runtime(), standins.probing():
+                    probe = check.live(target, request["facts"])
+            except standins.StoodInError as reached:
+                probe = _cannot_tell(reached.module, str(reached))
+            except ModuleNotFoundError as error:
+                if not error.name or error.name.split(".")[0] == "sglang":
+                    outcome.errors[check_id] = _described(error)
+                    continue
+                probe = _cannot_tell(
+                    error.name, f"the probe imported {error.name}, not installed on this host"
+                )
             except Exception as error:
                 outcome.errors[check_id] = _described(error)
+                continue
+            if outcome.stood_in:
+                probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
+            outcome.probes[check_id] = probe
     outcome.peak_rss_mb = _peak_rss_mb()
     answer.write(pickle.dumps(outcome))
     answer.close()

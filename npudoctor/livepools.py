@@ -9,20 +9,24 @@ parameters, and a required one npudoctor cannot fill is reported, not guessed.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import inspect
 import sys
+from pathlib import Path
 from typing import Any, TypeVar
 
+from npudoctor import pools
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
 from npudoctor.pools import GENERIC_POOL
 from npudoctor.results import Status
+from npudoctor.source import SourceTree
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
-NPU_POOL_MODULE = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
 T = TypeVar("T")
@@ -33,18 +37,41 @@ class CannotBuild(Exception):
 
 
 def import_pool_modules() -> None:
+    """Import the generic pools and every module that holds an NPU pool class, found in the
+    imported sglang's source by what the classes are (``pools.npu_pool_classes``), not by path:
+    ``hardware_backend/npu/memory_pool_npu.py`` since 0.5.7, ``Ascend*`` classes in
+    ``mem_cache/memory_pool.py`` before."""
     importlib.import_module(GENERIC_POOL_MODULE)
-    importlib.import_module(NPU_POOL_MODULE)
+    tree = imported_tree()
+    for family in GENERIC_POOL:
+        for cls in pools.npu_pool_classes(tree, family):
+            importlib.import_module(cls.module)
+
+
+def imported_tree() -> SourceTree:
+    """The source of the sglang this interpreter imports (the live child's target)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
+    return _tree(next(iter(spec.submodule_search_locations)))
+
+
+@functools.lru_cache(maxsize=1)
+def _tree(package_dir: str) -> SourceTree:
+    return SourceTree(Path(package_dir))
 
 
 def npu_pool_classes(family: str) -> list[type]:
-    """Loaded subclasses of the generic pool of ``family`` that live in an NPU module."""
+    """Loaded subclasses of the generic pool of ``family`` that live in an NPU module or carry an
+    NPU/Ascend name; a class of an import attempt that failed halfway (not what its module now
+    holds) is not one."""
     base = getattr(sys.modules[GENERIC_POOL_MODULE], GENERIC_POOL[family])
     found, stack = [], list(base.__subclasses__())
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
-        if "npu" in cls.__module__ or cls.__name__.startswith("NPU"):
+        npu = "npu" in cls.__module__ or cls.__name__.startswith(("NPU", "Ascend"))
+        if npu and getattr(sys.modules.get(cls.__module__), cls.__name__, None) is cls:
             found.append(cls)
     return sorted(set(found), key=lambda c: c.__name__)
 

@@ -65,8 +65,9 @@ class Evidence:
 @dataclass(frozen=True)
 class Remediation:
     fix_id: str | None = None
-    fixed_in: str | None = None
+    fixed_in: str | None = None  # the first later release where the property holds (npudoctor.history)
     advice: str = ""
+    unfixed_as_of: str | None = None  # the newest release checked, when it still has the defect
 
 
 @dataclass(frozen=True)

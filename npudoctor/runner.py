@@ -142,6 +142,10 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
         "import_seconds": round(outcome.import_seconds, 2),
         "import_rss_mb": round(outcome.import_rss_mb, 1),
         "peak_rss_mb": round(outcome.peak_rss_mb, 1),
+        "stood_in": dict(
+            sorted(outcome.stood_in.items())
+        ),  # not installed here -> the check that imported it
+        "not_run": dict(sorted(outcome.not_run.items())),  # check id -> why its live probe did not run
     }
 
 

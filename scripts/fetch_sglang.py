@@ -14,11 +14,14 @@ Stdlib only: it runs before anything is installed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -58,6 +61,29 @@ def fetch(version: str, cache: Path | None = None) -> Path:
     return tree
 
 
+def releases(since: str, cache: Path | None = None) -> list[str]:
+    """Every final sglang release on PyPI from ``since`` to the newest (no pre- or post-releases),
+    oldest first. The index's answer is kept in the cache, so later runs need no network."""
+    cache = cache or cache_dir()
+    listing = cache / "pypi-sglang.json"
+    if not listing.is_file():
+        with urllib.request.urlopen("https://pypi.org/pypi/sglang/json", timeout=60) as answer:
+            data = json.load(answer)
+        names = sorted(
+            v for v, files in data["releases"].items() if files and not all(f.get("yanked") for f in files)
+        )
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        staging = listing.with_suffix(f".{os.getpid()}.partial")
+        staging.write_text(json.dumps(names) + "\n")
+        staging.replace(listing)  # concurrent test workers read the whole answer or none
+    final = [v for v in json.loads(listing.read_text()) if _FINAL.fullmatch(v)]
+    key = lambda v: tuple(int(part) for part in v.split("."))  # noqa: E731
+    return sorted((v for v in final if key(v) >= key(since)), key=key)
+
+
+_FINAL = re.compile(r"\d+(\.\d+)*")
+
+
 def _find_wheel(wheels: Path, version: str) -> Path | None:
     matches = sorted(wheels.glob(f"sglang-{version}-*.whl"))
     return matches[0] if matches else None
@@ -86,9 +112,14 @@ def _download(version: str, wheels: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("versions", nargs="+", help="sglang release versions, e.g. 0.5.12")
+    parser.add_argument("versions", nargs="*", help="sglang release versions, e.g. 0.5.12")
+    parser.add_argument(
+        "--since", metavar="VERSION", help="also every final release from VERSION to the newest"
+    )
     args = parser.parse_args(argv)
-    for version in args.versions:
+    if not args.versions and not args.since:
+        parser.error("give versions or --since VERSION")
+    for version in [*args.versions, *(releases(args.since) if args.since else [])]:
         print(fetch(version))
     return 0
 

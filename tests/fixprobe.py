@@ -85,7 +85,6 @@ def inprocess(check_id: str, config: str) -> dict:
     from npudoctor.fix import fix_by_id
     from npudoctor.fixing import Action
     from npudoctor.npusim import simulated_npu
-    from npudoctor.target import discover
 
     fix = fix_by_id(check_id)
     # this mode proves the patch and its revert; the --unsafe opt-in is decide's, tested on its own
@@ -149,7 +148,6 @@ def compare(check_id: str, configs: list[str], unsafe: bool, revert: bool) -> di
     from npudoctor.fix import fix_by_id
     from npudoctor.fixing import Action
     from npudoctor.npusim import simulated_npu
-    from npudoctor.target import discover
 
     fix = fix_by_id(check_id)
     with simulated_npu():

@@ -39,7 +39,6 @@ class CpuOffloadRoundTrip(Check):
     id = "NPD001"
     title = "KV cache CPU offload/reload round-trips on the NPU pool"
     upstream = ("https://github.com/sgl-project/sglang/pull/25249",)
-    fixed_in = "0.5.13"
     why = (
         "A PD decode server under KV-cache pressure retracts requests and offloads their KV to "
         "CPU. If the NPU pool's offload methods read buffers the pool never creates, the decode "
@@ -51,9 +50,8 @@ class CpuOffloadRoundTrip(Check):
         "known releases; any NPU pool whose offload methods do not match its buffers."
     )
     how_to_fix = (
-        "Upgrade sglang to a release whose NPU pools override get_cpu_copy/load_cpu_copy, or "
-        "apply the npudoctor runtime override for NPD001 (copies per layer through flattened "
-        "k/v/indexer views)."
+        "apply the npudoctor runtime override for NPD001 (the NPU pools copy per layer through "
+        "flattened k/v/indexer views): npudoctor fix --apply --select NPD001"
     )
 
     def live_imports(self) -> None:

@@ -39,14 +39,16 @@ class TransferItemLengths(Check):
     id = "NPD002"
     title = "PD transfer item lengths match the NPU KV buffer layout"
     upstream = ("https://github.com/sgl-project/sglang/pull/15852",)
-    fixed_in = "0.5.10"
     why = (
         "With ASCEND_USE_FIA=1 the NPU MHA buffer is token-major; if get_contiguous_buf_infos "
         "reports one token per transfer item instead of one page, PD transfer copies a fraction "
         "of each page and decode silently reads garbage KV."
     )
     bites_when = "PD disaggregation with an MHA/GQA model (Qwen3, Qwen3-MoE) and ASCEND_USE_FIA=1."
-    how_to_fix = "Upgrade sglang, or apply the npudoctor runtime override for NPD002 (item length = one page under FIA)."
+    how_to_fix = (
+        "apply the npudoctor runtime override for NPD002 (item length = one page under FIA; "
+        "unsafe): npudoctor fix --apply --unsafe --select NPD002"
+    )
 
     def live_imports(self) -> None:
         livepools.import_pool_modules()

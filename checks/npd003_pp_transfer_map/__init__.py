@@ -79,7 +79,6 @@ class PipelineTransferMap(Check):
     id = "NPD003"
     title = "PD KV transfer with pipeline parallelism maps every layer to the same layer and kind"
     upstream = ("https://github.com/sgl-project/sglang/pull/23893",)
-    fixed_in = "0.5.12"
     why = (
         "With PP on the prefill side, the Ascend transfer must slice the decode pointer list per "
         "buffer group; otherwise prefill stage layers land in the wrong layer or in the V buffer "
@@ -90,7 +89,8 @@ class PipelineTransferMap(Check):
         "decode) role; MLA models in the known releases; decode with extra draft (MTP) layers."
     )
     how_to_fix = (
-        "Upgrade sglang, or apply the npudoctor runtime override for NPD003 (group-aware PP pointer slicing)."
+        "apply the npudoctor runtime override for NPD003 (group-aware PP pointer slicing; "
+        "unsafe): npudoctor fix --apply --unsafe --select NPD003"
     )
 
     def live_imports(self) -> None:

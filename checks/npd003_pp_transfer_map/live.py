@@ -121,6 +121,11 @@ class TransferRecorder:
             self.blocks.extend(zip(src_addrs, dst_addrs, lengths))
         return 0
 
+    def transfer_sync(self, session_id: str, src_addr: int, dst_addr: int, length: int) -> int:
+        """One block at a time: the engine interface of releases whose Ascend manager inherits
+        the Mooncake ``send_kvcache`` (0.4.10)."""
+        return self.batch_transfer_sync(session_id, [src_addr], [dst_addr], [length])
+
 
 @dataclass
 class Step:

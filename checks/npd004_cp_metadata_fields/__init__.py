@@ -88,7 +88,6 @@ class ContextParallelMetadataFields(Check):
     id = "NPD004"
     title = "NPU FIA context-parallel attention reads only fields its metadata defines"
     upstream = ("https://github.com/sgl-project/sglang/pull/26705",)
-    fixed_in = "0.5.13"
     why = (
         "The FIA context-parallel prefill path (do_cp_attn_fia) read scalar fields that were removed "
         "from ContextParallelMetadata when it learned to describe several requests, and split q with "
@@ -103,8 +102,8 @@ class ContextParallelMetadataFields(Check):
         "raises NotImplementedError). The midpoint split bites with two or more requests in a CP batch."
     )
     how_to_fix = (
-        "Use sglang 0.5.13 or later (do_cp_attn_fia splits q at cp_meta.total_q_prev_tokens and passes "
-        "the per-request *_list lengths), or apply the npudoctor runtime override for NPD004."
+        "apply the npudoctor runtime override for NPD004 (do_cp_attn_fia splits q at "
+        "cp_meta.total_q_prev_tokens and passes the per-request *_list lengths; unsafe): npudoctor fix --apply --unsafe --select NPD004"
     )
 
     def out_of_scope(self, facts: Facts) -> Probe | None:

@@ -102,7 +102,6 @@ class OffloadSignatures(Check):
     id = "NPD005"
     title = "get_cpu_copy/load_cpu_copy overrides accept the keywords their callers pass"
     upstream = ("https://github.com/sgl-project/sglang/pull/24026",)
-    fixed_in = "0.5.15"
     why = (
         "Callers pass keywords (mamba_indices=, req_pool_index=) through the allocator to the pool; "
         "an override with a narrower signature raises TypeError at the first retraction, and one "
@@ -112,7 +111,10 @@ class OffloadSignatures(Check):
         "PD decode role that retracts, with a pool or allocator whose offload override lacks a "
         "keyword the installed callers pass (or drops one the next level uses)."
     )
-    how_to_fix = "Upgrade sglang, or apply the npudoctor runtime override for NPD005 (accept and forward the keywords)."
+    how_to_fix = (
+        "apply the npudoctor runtime override for NPD005 (accept and forward the keywords): "
+        "npudoctor fix --apply --select NPD005"
+    )
 
     def out_of_scope(self, facts: Facts) -> Probe | None:
         scope = _path_scope(facts)

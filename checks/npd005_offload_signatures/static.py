@@ -348,12 +348,14 @@ class _OffloadGraph:
         found = []
         for path in self.tree.files_containing("Allocator", under="srt"):
             rel = self.tree.relpath(path).lower()
-            if ("npu" not in rel and "ascend" not in rel) or not _ALLOCATOR_CLASS.search(
-                self.tree.read(path)
+            npu_file = "npu" in rel or "ascend" in rel
+            text = self.tree.read(path)
+            if not _ALLOCATOR_CLASS.search(text) or not (
+                npu_file or b"class Ascend" in text or b"class NPU" in text
             ):
-                continue
+                continue  # parse only files that can hold an NPU allocator (0.4.10 keeps Ascend* in mem_cache/)
             for cls in self.tree.classes_in(path):
-                if self.family(cls) != ALLOCATOR:
+                if self.family(cls) != ALLOCATOR or not (npu_file or cls.name.startswith(("NPU", "Ascend"))):
                     continue
                 if any("SWA" in c.name for c in self.mro(cls)):
                     continue  # hybrid sliding-window allocators serve other models

@@ -105,6 +105,8 @@ def _details(result: Result) -> str:
             lines.append(f"fix: npudoctor fix --select {fix.fix_id}")
         if fix.fixed_in:
             lines.append(f"fixed upstream in sglang {fix.fixed_in}")
+        elif fix.unfixed_as_of:
+            lines.append(f"not fixed upstream as of sglang {fix.unfixed_as_of}")
         if fix.advice:
             lines.append(fix.advice)
     return "\n".join(lines)

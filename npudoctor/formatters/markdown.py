@@ -114,6 +114,8 @@ def _details(result: Result) -> list[str]:
             remedy.append(f"fix {_code(fix.fix_id)}: run {_code(f'npudoctor fix --select {fix.fix_id}')}")
         if fix.fixed_in:
             remedy.append(f"fixed upstream in sglang {_text(fix.fixed_in)}")
+        elif fix.unfixed_as_of:
+            remedy.append(f"not fixed upstream as of sglang {_text(fix.unfixed_as_of)}")
         if fix.advice:
             remedy.append(_inline(fix.advice))
         bullets.append("- **Remediation:** " + "; ".join(remedy))

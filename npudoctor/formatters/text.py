@@ -96,6 +96,8 @@ def _details(result: Result) -> RenderableType:
         detail = f"  [bold]fix:[/] npudoctor fix --select {fix.fix_id}" if fix.fix_id else "  [bold]fix:[/]"
         if fix.fixed_in:
             detail += f"; fixed upstream in sglang {escape(fix.fixed_in)}"
+        elif fix.unfixed_as_of:
+            detail += f"; not fixed upstream as of sglang {escape(fix.unfixed_as_of)}"
         lines.append(detail)
         if fix.advice:
             lines.append(f"  {escape(fix.advice)}")

@@ -1,0 +1,45 @@
+"""The live depth runs on every sglang release on PyPI from 0.4.10 to the newest (issue 11).
+
+One CPU dependency set (requirements-live.txt) for all of them: what a release imports and this
+host lacks is stood in (``npudoctor.standins``) and named in the report. For each release and each
+deployment (MLA PD with prefill PP, MHA PD with FIA on and off), every check in the deployment's
+scope gets its live probe run: no check loses it to an import failure, none ends in ``error``.
+The releases come from PyPI's index (kept in the release cache after the first run).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXAMPLES, QUICK_STATES, fetch_sglang, sweep
+
+OLDEST = "0.4.10"
+DEPLOYMENTS = {
+    "mla-pd-pp": EXAMPLES / "deepseek-v3-pd.yaml",
+    "mha-pd-fia": EXAMPLES / "qwen3-moe-pd-fia.yaml",
+    "mha-pd": EXAMPLES / "qwen3-moe-pd.yaml",
+}
+RELEASES = fetch_sglang.releases(OLDEST)
+CASES = [(version, name) for version in RELEASES for name in DEPLOYMENTS]
+QUICK = (("0.4.10", "mla-pd-pp"), ("0.5.16", "mha-pd"))  # a stand-in release each side of 0.5.9
+
+
+def test_the_sweep_reaches_the_newest_release():
+    assert RELEASES[0] == OLDEST and len(RELEASES) >= 24, RELEASES
+    assert set(QUICK_STATES[:2]) <= set(RELEASES)
+
+
+@pytest.mark.parametrize(("version", "deployment"), sweep(CASES, quick=QUICK))
+def test_every_check_probes_live(version, deployment, live_report):
+    report = live_report(version, DEPLOYMENTS[deployment], depth="auto")
+    live = report["live"]
+    assert live["ran"], live
+    assert live["not_run"] == {}, live["not_run"]
+    errors = {r["id"]: r["summary"] for r in report["results"] if r["status"] == "error"}
+    assert not errors, errors
+    for result in report["results"]:
+        probed = result["depth"] == "live" or any(a.startswith("live depth: ") for a in result["assumptions"])
+        # every check ran its live probe, except one out of the deployment's scope (a skip)
+        assert probed or result["status"] == "skip" or result["id"] == "NPD000", result
+    stood_in = set(live["stood_in"])
+    assert not {m for m in stood_in if m.split(".")[0] in ("sglang", "torch")}, stood_in

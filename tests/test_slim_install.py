@@ -1,0 +1,87 @@
+"""A plain `pip install npudoctor` (no torch, no sglang) in a fresh venv: a slim CI image (issue 11).
+
+The static depth, every report format, ``list``, ``explain``, ``env`` and the fix plan work there;
+``--depth auto`` reports why the live depth did not run and gives the static verdicts. The venv is
+real (no system site-packages), npudoctor is installed from a copy of this checkout with only its
+declared dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, REPO
+
+pytestmark = pytest.mark.slow  # builds a venv and installs into it (~1 min)
+FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
+
+
+@pytest.fixture(scope="module")
+def slim(tmp_path_factory) -> Path:
+    """The ``npudoctor`` executable of a venv holding npudoctor and its dependencies only."""
+    base = tmp_path_factory.mktemp("slim")
+    source = base / "src"
+    shutil.copytree(
+        REPO, source, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
+    )
+    venv.create(base / "venv", with_pip=True)
+    python = base / "venv" / "bin" / "python"
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('torch'))"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert found.stdout.strip() == "None", "the slim venv must not have torch"
+    return base / "venv" / "bin" / "npudoctor"
+
+
+def run(executable: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("output_format", FORMATS)
+def test_static_check_in_every_format(slim, release, tmp_path, output_format):
+    done = run(slim, "check", "--depth", "static", "-f", output_format, "--sglang-path", release("0.5.12"),
+               "--config", EXAMPLES / "deepseek-v3-pd.yaml", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # 0.5.12 has NPD001 for this deployment
+    assert "NPD001" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_auto_depth_says_why_live_did_not_run(slim, release, tmp_path):
+    done = run(slim, "check", "-f", "json", "--sglang-path", release("0.5.12"),
+               "--config", EXAMPLES / "deepseek-v3-pd.yaml", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["live"]["ran"] is False and "torch is not installed" in report["live"]["reason"]
+    npd001 = next(r for r in report["results"] if r["id"] == "NPD001")
+    assert (npd001["status"], npd001["depth"]) == ("fail", "static")
+    assert any(a.startswith("live depth not run: torch is not installed") for a in npd001["assumptions"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("list",), ("explain", "NPD001"), ("env",), ("env", "-f", "json"), ("fix", "-f", "json"), ("fix",)],
+    ids=" ".join,
+)
+def test_other_commands(slim, release, tmp_path, args):
+    extra = (
+        ("--sglang-path", release("0.5.12"), "--config", EXAMPLES / "deepseek-v3-pd.yaml")
+        if args[0] == "fix"
+        else ()
+    )
+    done = run(slim, *args, *extra, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and "Traceback" not in done.stderr
+    if args == ("fix", "-f", "json"):
+        plan = {entry["id"]: entry["action"] for entry in json.loads(done.stdout)["plan"]}
+        assert plan["NPD001"] == "apply", plan
+    if args[0] == "env" and "json" in args:
+        assert json.loads(done.stdout)["torch"] == "not installed"
