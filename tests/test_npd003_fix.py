@@ -287,7 +287,9 @@ def test_the_mha_divisibility_sibling_of_later_releases_is_refused_by_shape(cli,
     assert code == 0, err
     (entry,) = json.loads(out)["plan"]
     assert entry["action"] == "refused", entry
-    assert "not a shape this fix was written for" in entry["reason"] and "AscendKVManager" in entry["reason"], entry
+    assert (
+        "not a shape this fix was written for" in entry["reason"] and "AscendKVManager" in entry["reason"]
+    ), entry
 
 
 # Runs with 0.5.11 on PYTHONPATH: the replacement's own refusals, on a stand-in manager.
