@@ -50,9 +50,10 @@ def _load() -> dict:
     return json.loads(DATA.read_text(encoding="utf-8"))
 
 
-def upstream(check_id: str, facts: Facts, version: str | None) -> Upstream:
-    """The release history's answer for ``check_id``'s finding on ``version`` for ``facts``."""
-    data = _load()
+def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None = None) -> Upstream:
+    """The release history's answer for ``check_id``'s finding on ``version`` for ``facts``
+    (``data``: a history document; by default the bundled one)."""
+    data = _load() if data is None else data
     releases = sorted(data.get("releases", []), key=version_key)
     if not releases:
         return Upstream(None, None)

@@ -174,3 +174,17 @@ def published_server_args(role: RoleFacts, model: ModelFacts | None = None) -> I
             reset = getattr(sys.modules.get(RUNTIME_MODULE), "reset_context", None)
             if callable(reset):
                 reset()
+
+
+# What sglang raises when code asks for process state a scheduler sets up and a probe does not:
+# the distributed groups (get_pp_group/get_tp_group before init_distributed_environment) and the
+# accelerator (0.5.18's get_device: is_npu() is decided at import, before the NPU simulation).
+_PROCESS_STATE = re.compile(
+    r"group is not initialized|No accelerator \(CUDA, XPU, HPU, NPU, MUSA, MPS\) or platform plugin"
+)
+
+
+def needs_process_state(error: BaseException) -> bool:
+    """Whether ``error`` is sglang asking for scheduler-process state the probe did not set up:
+    not the deployment's defect, the probe cannot tell (a gap in npudoctor's simulation)."""
+    return isinstance(error, (AssertionError, RuntimeError)) and bool(_PROCESS_STATE.search(str(error)))

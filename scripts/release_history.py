@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Write npudoctor/data/history.json: every check's verdict on every release, per witness deployment.
 
-    python scripts/release_history.py [--since 0.4.10] [--jobs 2]
+    python scripts/release_history.py [--since 0.4.10] [--jobs 2] [--witness NAME ...] [--reports DIR]
 
 Runs ``npudoctor check --depth auto -f json`` (live where the release imports, static otherwise)
 on every final sglang release from ``--since`` to the newest on PyPI (fetched into the release
 cache, see fetch_sglang.py), for each witness deployment of ``WITNESSES``; ``npudoctor.history``
 reads the result to say, per finding, from which release the property holds ("upgrade to X") or
 that the newest release checked still fails. Rerun it when a release comes out or a check changes.
+``--reports DIR`` takes reports already made (JSON of ``check --depth auto`` on a release tree
+with an example deployment, e.g. the live-reports of tests/test_live_every_release.py) instead
+of running them again.
 """
 
 from __future__ import annotations
@@ -53,23 +56,40 @@ def verdicts(tree: Path, deployment: Path) -> dict:
     return json.loads(done.stdout)
 
 
+def _reports(directory: Path, chosen: dict[str, str]) -> dict[tuple[str, str], dict]:
+    """(witness, release) -> a report made before, for the chosen witnesses' example files."""
+    by_file = {example: name for name, example in chosen.items()}
+    found = {}
+    for path in sorted(directory.glob("*.json")):
+        report = json.loads(path.read_text())
+        name = by_file.get(report["deployment"]["source"].rpartition("/")[2])
+        if name is not None and report.get("live", {}).get("ran") is not None:
+            found[(name, report["target"]["version"])] = report
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--since", default="0.4.10")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--witness", action="append", choices=sorted(WITNESSES), help="default: all")
+    parser.add_argument("--reports", type=Path, help="reuse the check reports in this directory")
     args = parser.parse_args(argv)
     fetch = _fetch_module()
     releases = fetch.releases(args.since)
     trees = {version: fetch.fetch(version) for version in releases}
+    chosen = {name: WITNESSES[name] for name in (args.witness or WITNESSES)}
+    made = _reports(args.reports, chosen) if args.reports else {}
     witnesses: dict[str, dict] = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = {
-            (name, version): pool.submit(verdicts, trees[version], REPO / "examples" / example)
-            for name, example in WITNESSES.items()
+            (name, version): made.get((name, version))
+            or pool.submit(verdicts, trees[version], REPO / "examples" / example)
+            for name, example in chosen.items()
             for version in releases
         }
         for (name, version), run in runs.items():
-            report = run.result()
+            report = run if isinstance(run, dict) else run.result()
             print(f"{version} {name}: " + " ".join(f"{r['id']}={r['status']}" for r in report["results"]))
             model = report["deployment"]["model"]
             entry = witnesses.setdefault(

@@ -53,6 +53,10 @@ class ShimGap(Exception):
     """The probed code read something npudoctor's stand-in manager does not provide."""
 
 
+class ProcessStateGap(Exception):
+    """The probed code asked for process state a scheduler sets up and the probe does not."""
+
+
 @dataclass(frozen=True, order=True)
 class Slot:
     """One per-layer buffer: a global layer and a buffer kind (K, V, IK for the indexer K)."""
@@ -394,6 +398,8 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
             raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
         mapping.error = error
     except Exception as error:
+        if liveprocess.needs_process_state(error):
+            raise ProcessStateGap(f"{type(error).__name__}: {error}") from error
         mapping.error = error
     mapping.path = list({step.name: step for step in path}.values())
     _decode_blocks(mapping, recorder.blocks, prefill.book, decode.book)
@@ -695,6 +701,13 @@ class _StageProbe:
             evidence = Evidence(
                 expected=f"{self.manager_class.__name__}.send_kvcache to run on npudoctor's stand-in manager",
                 observed=f"it reads {gap}, which npudoctor does not set: a manager shape it does not know",
+                location=code_location(self.manager_class, "send_kvcache"),
+            )
+            return (Status.WARN, evidence), f"{label}: not run"
+        except ProcessStateGap as gap:
+            evidence = Evidence(
+                expected=f"{self.manager_class.__name__}.send_kvcache to run in npudoctor's role process",
+                observed=f"it raised {gap}: scheduler-process state the probe does not set up",
                 location=code_location(self.manager_class, "send_kvcache"),
             )
             return (Status.WARN, evidence), f"{label}: not run"

@@ -1,0 +1,84 @@
+"""Remediation texts come from where the property holds in the release history (issue 11).
+
+``npudoctor/data/history.json`` is every check's verdict on every release for the witness
+deployments (scripts/release_history.py). It must agree with the team's verified truths, and a
+finding's "upgrade to X" must name the first release from which its property holds for the
+deployment's kind; a defect the newest release checked still has says "not fixed upstream as of".
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npudoctor import history
+from npudoctor.deployment import from_yaml
+from npudoctor.facts import NO_DEPLOYMENT
+
+from conftest import EXAMPLES, TRUTH, result_of
+
+DATA = json.loads(history.DATA.read_text())
+SCENARIO = {  # the witness on which each check's truths are stated (tests/test_fixes.py SCENARIOS)
+    "NPD001": "deepseek-v3-pd",
+    "NPD002": "qwen3-moe-pd-fia",
+    "NPD003": "deepseek-v3-pd",
+    "NPD005": "deepseek-v3-pd",
+}
+
+
+def test_history_covers_every_release_from_0410():
+    assert DATA["releases"][0] == "0.4.10" and "0.5.23" in DATA["releases"]
+    for witness in DATA["witnesses"].values():
+        for statuses in witness["results"].values():
+            assert set(statuses) == set(DATA["releases"])
+            assert "error" not in statuses.values()
+
+
+@pytest.mark.parametrize(
+    ("version", "check_id"),
+    [(v, c) for v in TRUTH["releases"] for c in SCENARIO if c in TRUTH["releases"][v]],
+)
+def test_history_agrees_with_the_verified_truths(version, check_id):
+    truth = TRUTH["releases"][version][check_id]
+    status = DATA["witnesses"][SCENARIO[check_id]]["results"][check_id][version]
+    assert status == ("fail" if truth["verdict"] == "present" else "pass"), (version, check_id, truth)
+
+
+@pytest.mark.parametrize(
+    ("example", "version", "check_id", "fixed_in"),
+    [
+        ("deepseek-v3-pd.yaml", "0.5.12", "NPD001", "0.5.13"),
+        ("qwen3-moe-pd.yaml", "0.5.9", "NPD001", "0.5.13"),  # the MHA pool without FIA, seen live
+        ("deepseek-v3-pd.yaml", "0.5.11", "NPD003", "0.5.12"),
+        ("qwen3-moe-pd-fia.yaml", "0.5.9", "NPD002", "0.5.10"),
+        ("deepseek-v3-pd.yaml", "0.5.14", "NPD005", "0.5.15"),  # came back for MLA in 0.5.14
+    ],
+)
+def test_upgrade_advice_names_where_the_property_holds(example, version, check_id, fixed_in):
+    found = history.upstream(check_id, from_yaml(EXAMPLES / example).facts, version)
+    assert found.fixed_in == fixed_in, found
+    assert found.newest_checked == DATA["releases"][-1]
+
+
+def test_a_defect_in_the_newest_release_is_not_fixed_upstream():
+    data = json.loads(json.dumps(DATA))
+    witness = data["witnesses"]["deepseek-v3-pd"]["results"]["NPD001"]
+    witness[data["releases"][-1]] = "fail"  # the newest release regresses
+    facts = from_yaml(EXAMPLES / "deepseek-v3-pd.yaml").facts
+    found = history.upstream("NPD001", facts, "0.5.12", data)
+    assert found == history.Upstream(None, data["releases"][-1])
+    # a release newer than any checked: the history cannot tell
+    assert history.upstream("NPD001", facts, "9.0.0") == history.Upstream(None, None)
+    # with no deployment, every witness of the check speaks: the latest fix among them
+    assert history.upstream("NPD001", NO_DEPLOYMENT, "0.5.12", data).fixed_in is None
+
+
+def test_the_report_carries_the_history_advice(cli, release):
+    code, out, err = cli("check", "-f", "json", "--sglang-path", release("0.5.12"),
+                         "--config", EXAMPLES / "deepseek-v3-pd.yaml", "--select", "NPD001")  # fmt: skip
+    assert code == 1, err
+    remediation = result_of(json.loads(out), "NPD001")["remediation"]
+    assert remediation["fixed_in"] == "0.5.13" and remediation["unfixed_as_of"] is None
+    assert remediation["advice"].startswith("Upgrade sglang to 0.5.13 or later")
+    assert "npudoctor fix --apply --select NPD001" in remediation["advice"]
