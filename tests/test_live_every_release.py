@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES, QUICK_STATES, fetch_sglang, sweep
+from conftest import EXAMPLES, KIND_FAMILY, QUICK_STATES, TRUTH, expected_status, fetch_sglang, sweep
 
 OLDEST = "0.4.10"
 DEPLOYMENTS = {
@@ -19,6 +19,7 @@ DEPLOYMENTS = {
     "mha-pd-fia": EXAMPLES / "qwen3-moe-pd-fia.yaml",
     "mha-pd": EXAMPLES / "qwen3-moe-pd.yaml",
 }
+FAMILY = {"mla-pd-pp": "mla", "mha-pd-fia": KIND_FAMILY["gqa"], "mha-pd": KIND_FAMILY["gqa"]}
 RELEASES = fetch_sglang.releases(OLDEST)
 CASES = [(version, name) for version in RELEASES for name in DEPLOYMENTS]
 QUICK = (("0.4.10", "mla-pd-pp"), ("0.5.16", "mha-pd"))  # a stand-in release each side of 0.5.9
@@ -41,5 +42,10 @@ def test_every_check_probes_live(version, deployment, live_report):
         probed = result["depth"] == "live" or any(a.startswith("live depth: ") for a in result["assumptions"])
         # every check ran its live probe, except one out of the deployment's scope (a skip)
         assert probed or result["status"] == "skip" or result["id"] == "NPD000", result
+    # on a release with verified truths, the auto verdict is the truth wherever the check applies
+    for check_id in TRUTH["releases"].get(version, {}):
+        result = next((r for r in report["results"] if r["id"] == check_id), None)
+        if result is not None and result["status"] != "skip":
+            assert result["status"] == expected_status(version, check_id, FAMILY[deployment]), result
     stood_in = set(live["stood_in"])
     assert not {m for m in stood_in if m.split(".")[0] in ("sglang", "torch")}, stood_in
