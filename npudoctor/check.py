@@ -46,9 +46,8 @@ class LiveOutcome:
     errors: dict[str, str] = field(default_factory=dict)
     unavailable: str | None = None  # why no live probe could run at all
     not_run: dict[str, str] = field(default_factory=dict)  # check id -> why its live probe did not run
-    stood_in: dict[str, str] = field(
-        default_factory=dict
-    )  # module (or name) stood in -> the check that needed it
+    # a module (or a name in one) this host lacks, stood in for the import -> the check that needed it
+    stood_in: dict[str, str] = field(default_factory=dict)
     import_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules

@@ -20,6 +20,9 @@ DEPLOYMENTS = {
     "mha-pd": EXAMPLES / "qwen3-moe-pd.yaml",
 }
 FAMILY = {"mla-pd-pp": "mla", "mha-pd-fia": KIND_FAMILY["gqa"], "mha-pd": KIND_FAMILY["gqa"]}
+# truths not stated for a deployment: NPD001's are the MLA pool's and the page-major MHA pool's;
+# with FIA the MHA pool's per-layer token views round-trip (known.yaml, 0.5.12 notes)
+NOT_STATED = {("NPD001", "mha-pd-fia")}
 RELEASES = fetch_sglang.releases(OLDEST)
 CASES = [(version, name) for version in RELEASES for name in DEPLOYMENTS]
 QUICK = (("0.4.10", "mla-pd-pp"), ("0.5.16", "mha-pd"))  # a stand-in release each side of 0.5.9
@@ -45,7 +48,7 @@ def test_every_check_probes_live(version, deployment, live_report):
     # on a release with verified truths, the auto verdict is the truth wherever the check applies
     for check_id in TRUTH["releases"].get(version, {}):
         result = next((r for r in report["results"] if r["id"] == check_id), None)
-        if result is not None and result["status"] != "skip":
+        if result is not None and result["status"] != "skip" and (check_id, deployment) not in NOT_STATED:
             assert result["status"] == expected_status(version, check_id, FAMILY[deployment]), result
     stood_in = set(live["stood_in"])
     assert not {m for m in stood_in if m.split(".")[0] in ("sglang", "torch")}, stood_in

@@ -42,32 +42,3 @@ def test_auto_depth_agrees_with_static(cli, release):
     assert result["status"] == "fail" and result["depth"] == "live"
     observed = [e["observed"] for e in result["evidence"]]
     assert any("(live, CPU)" in o for o in observed) and any("resolves to" in o for o in observed)
-
-
-@pytest.mark.slow
-def test_page_major_mha_offload_is_caught_live_only(cli, release, tmp_path):
-    """Without FIA, 0.5.12's inherited MHA offload indexes a (pages, page_size, ...) buffer by
-    token: a sibling the static depth cannot see. Live and static disagree, so the result warns."""
-    config = tmp_path / "nofia.yaml"
-    config.write_text(
-        (EXAMPLES / "qwen3-moe-pd-fia.yaml")
-        .read_text()
-        .replace('"1"', '"0"')
-        .replace("models/", f"{EXAMPLES}/models/")
-    )
-    result = result_of(
-        json_report(
-            cli,
-            "--sglang-path",
-            release("0.5.12"),
-            "--config",
-            config,
-            "--select",
-            "NPD001",
-            "--depth",
-            "auto",
-        ),
-        "NPD001",
-    )
-    assert result["status"] == "warn" and "static and live disagree" in result["summary"]
-    assert "IndexError" in json.dumps(result["evidence"])
