@@ -171,6 +171,8 @@ def _field_declarations(tree: SourceTree, cls: ClassInfo) -> dict[str, tuple[Cla
 
 
 def _namespace_classes(tree: SourceTree, cls: ClassInfo) -> list[ClassInfo]:
+    if b"collect_input_fields" not in tree.read(cls.path):
+        return []  # up to 0.5.19: no namespace classes (and no walk over an 8000-line module)
     module = tree.parse(cls.path)
     if module is None:
         return []
@@ -184,7 +186,7 @@ def _namespace_classes(tree: SourceTree, cls: ClassInfo) -> list[ClassInfo]:
     for node in ast.walk(module):
         if (
             isinstance(node, ast.Call)
-            and ast.unparse(node.func).rpartition(".")[2] == "collect_input_fields"
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "collect_input_fields"
             and node.args
         ):
             argument = node.args[0]
