@@ -161,13 +161,14 @@ def _child() -> int:
     answer = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from npudoctor import activation, standins
+    from npudoctor import activation, liveprocess, standins
     from npudoctor.check import all_checks
     from npudoctor.npusim import npu_runtime, simulated_npu
     from npudoctor.target import discover
 
     outcome = LiveOutcome()
     target = discover(request["sglang_root"])
+    liveprocess.use_tree(target.tree)  # the probes' imports read the same parse as the probes
     wanted = {c.id: c for c in all_checks() if c.id in request["checks"]}
     steps = os.fdopen(request["steps_fd"], "w", buffering=1, encoding="utf-8")
 

@@ -9,21 +9,17 @@ parameters, and a required one npudoctor cannot fill is reported, not guessed.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import importlib.util
 import inspect
 import sys
-from pathlib import Path
 from typing import Any, TypeVar
 
-from npudoctor import pools
+from npudoctor import liveprocess, pools
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.lazy import lazy_module
 from npudoctor.pools import GENERIC_POOL
 from npudoctor.results import Status
-from npudoctor.source import SourceTree
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
@@ -42,23 +38,10 @@ def import_pool_modules() -> None:
     ``hardware_backend/npu/memory_pool_npu.py`` since 0.5.7, ``Ascend*`` classes in
     ``mem_cache/memory_pool.py`` before."""
     importlib.import_module(GENERIC_POOL_MODULE)
-    tree = imported_tree()
+    tree = liveprocess.imported_tree()
     for family in GENERIC_POOL:
         for cls in pools.npu_pool_classes(tree, family):
             importlib.import_module(cls.module)
-
-
-def imported_tree() -> SourceTree:
-    """The source of the sglang this interpreter imports (the live child's target)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
-    return _tree(next(iter(spec.submodule_search_locations)))
-
-
-@functools.lru_cache(maxsize=1)
-def _tree(package_dir: str) -> SourceTree:
-    return SourceTree(Path(package_dir))
 
 
 def npu_pool_classes(family: str) -> list[type]:

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import re
 import sys
 import traceback
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from npudoctor.facts import ModelFacts, RoleFacts
+from npudoctor.source import SourceTree
 
 RUNTIME_MODULE = "sglang.srt.runtime_context"
 SERVER_ARGS_MODULE = "sglang.srt.server_args"
@@ -188,3 +191,24 @@ def needs_process_state(error: BaseException) -> bool:
     """Whether ``error`` is sglang asking for scheduler-process state the probe did not set up:
     not the deployment's defect, the probe cannot tell (a gap in npudoctor's simulation)."""
     return isinstance(error, (AssertionError, RuntimeError)) and bool(_PROCESS_STATE.search(str(error)))
+
+
+_imported: list[SourceTree] = []  # the tree of the sglang this process imports, once parsed
+
+
+def imported_tree() -> SourceTree:
+    """The source of the sglang this interpreter imports, one ``SourceTree`` per process: the
+    live child's target tree (``use_tree``), so the probes' imports and the probes share its
+    parse; else one read from where ``sglang`` is found."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
+    package_dir = Path(next(iter(spec.submodule_search_locations))).resolve()
+    if not _imported or _imported[0].package_dir.resolve() != package_dir:
+        _imported[:] = [SourceTree(package_dir)]
+    return _imported[0]
+
+
+def use_tree(tree: SourceTree) -> None:
+    """Make ``tree`` (the live child's target, the tree on its ``sys.path``) the imported one."""
+    _imported[:] = [tree]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from npudoctor import liveprocess
 from npudoctor.check import Probe
 from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.facts import ModelFacts, RoleFacts
@@ -385,10 +386,7 @@ def import_modules() -> None:
     NPU runtime of the probes (``torch.npu``) must not be there yet. A preparation module
     that fails to import is recorded in ``IMPORT_ERRORS`` and reported by the probe; the
     backend module must import."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None:
-        return
-    tree = SourceTree(Path(spec.origin).parent)
+    tree = liveprocess.imported_tree()
     if tree.module_path(BACKEND_MODULE) is not None:
         importlib.import_module(BACKEND_MODULE)
     everyone = _model_preparations(tree, None, every_model=True) + _strategy_preparations(tree)

@@ -133,7 +133,7 @@ class OffloadSignatures(Check):
         """Build the deployment's allocator and pools on CPU, call ``get_cpu_copy``/``load_cpu_copy``
         through the real chain with the keywords the installed callers pass, and record what every
         level receives (see ``_LiveProbe``)."""
-        return _LiveProbe(_graph(target.tree.package_dir), facts).run(*_path_scope(facts))
+        return _LiveProbe(_graph(target.tree), facts).run(*_path_scope(facts))
 
 
 def _path_scope(facts: Facts):

@@ -241,7 +241,6 @@ def model_config(model: ModelFacts | None) -> Any:
     """sglang's own config class for the model's ``model_type``, built from its config.json
     (read as JSON, nothing executed)."""
     import json
-    from pathlib import Path
 
     if model is None or not Path(model.source).is_file():
         raise CannotBuild("the model's config.json is not given, and a hybrid pool is shaped by it")
@@ -497,9 +496,9 @@ class SlotSnapshot:
 
 # ----- the live probe ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
-def _graph(package_dir: Path) -> _OffloadGraph:
+def _graph(tree: SourceTree) -> _OffloadGraph:
     """One static graph per tree and child: ``live_imports`` and ``live`` ask the same questions."""
-    return _OffloadGraph(SourceTree(Path(package_dir).resolve()))
+    return _OffloadGraph(tree)
 
 
 # Token slots offloaded and reloaded, as (page, offset) pairs: a few, across page boundaries,
@@ -997,10 +996,7 @@ def import_path_modules() -> None:
     from npudoctor import livepools
 
     livepools.import_pool_modules()
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None:
-        return
-    graph = _graph(Path(spec.origin).parent)
+    graph = _graph(liveprocess.imported_tree())
     for sliding, hybrid in ((False, False), (True, True)):
         for cls in graph.path(["mla", "mha"], sliding, hybrid).classes():
             importlib.import_module(cls.module)
