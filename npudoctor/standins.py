@@ -1,7 +1,7 @@
 """Stand-ins for the third-party modules this host lacks, so the live depth imports every release.
 
 sglang's modules import far more than the code a probe runs: a web framework (``fastapi`` up to
-0.5.7), grammar backends (``xgrammar`` in 0.5.16-0.5.18), CUDA kernels (``sgl_kernel``). npudoctor
+0.5.7), grammar backends (``xgrammar`` in 0.5.16-0.5.20), CUDA kernels (``sgl_kernel``). npudoctor
 installs one CPU dependency set for every release (``requirements-live.txt``) instead of each
 release's own, so the live child imports the probed modules with ``import_with_stand_ins``: when an
 import fails because a module (or a name in an installed module) is missing, a stand-in takes its
