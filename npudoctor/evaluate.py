@@ -18,7 +18,6 @@ from npudoctor.facts import Facts
 from npudoctor.results import Result
 from npudoctor.target import Target
 
-DEPTHS = ("auto", "static", "live")
 NO_LIVE_PROBE_APPLIES = "no live probe applies to this deployment (every check is out of its scope)"
 
 
