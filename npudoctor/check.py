@@ -65,6 +65,7 @@ class Check:
     how_to_fix: ClassVar[str] = ""  # what npudoctor offers; the upgrade advice comes from the history
     # whether a release fixes it (npudoctor.history): a defect of sglang, not of the deployment's input
     upstream_history: ClassVar[bool] = True
+    runtime_fix: ClassVar[bool] = True  # whether `npudoctor fix` has a fix of the same id to point at
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Read the target's source (never import it) and test the property."""
@@ -97,7 +98,8 @@ class Check:
         skip = self.out_of_scope(facts)
         if skip is not None:
             return self.result(skip.status, Depth.STATIC, skip.summary, skip.evidence, skip.assumptions)
-        static = self.static(target, facts) if depth != "live" else None
+        # a check without a live probe answers from the source at every depth
+        static = self.static(target, facts) if depth != "live" or not self.has_live else None
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
         result = verdict(self, static, live_probe, live_note, fix_outcome)
@@ -120,13 +122,13 @@ class Check:
         else:
             advice = self.how_to_fix[:1].upper() + self.how_to_fix[1:]
         unfixed = upstream.newest_checked if upstream.fixed_in is None else None
-        return Remediation(fix_id=self.id, fixed_in=upstream.fixed_in, advice=advice, unfixed_as_of=unfixed)
+        return Remediation(
+            fix_id=self._fix_id, fixed_in=upstream.fixed_in, advice=advice, unfixed_as_of=unfixed
+        )
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
-        if depth == "static":
+        if depth == "static" or not self.has_live:
             return None, ""
-        if not self.has_live:
-            return None, "this check has no live probe yet"
         if live is None:
             return None, "not requested"
         if live.unavailable:
@@ -136,6 +138,10 @@ class Check:
         if self.id in live.errors:
             raise LiveProbeError(live.errors[self.id])
         return live.probes.get(self.id), ""
+
+    @property
+    def _fix_id(self) -> str | None:
+        return self.id if self.runtime_fix else None
 
     def result(
         self,
@@ -148,7 +154,9 @@ class Check:
     ) -> Result:
         remediation = None
         if status in (Status.FAIL, Status.WARN):
-            remediation = Remediation(fix_id=self.id, advice=self.how_to_fix)  # Check.run adds the history
+            remediation = Remediation(
+                fix_id=self._fix_id, advice=self.how_to_fix
+            )  # Check.run adds the history
         return Result(
             id=self.id,
             title=self.title,

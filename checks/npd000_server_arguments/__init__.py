@@ -26,11 +26,9 @@ remedy is the spelling this release defines.
 
 from __future__ import annotations
 
-import dataclasses
-
-from npudoctor.check import Check, LiveOutcome, Probe
+from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts
-from npudoctor.results import Depth, Evidence, Result, Status
+from npudoctor.results import Status
 from npudoctor.target import Target
 
 from .static import static_probe
@@ -40,6 +38,7 @@ class ServerArguments(Check):
     id = "NPD000"
     title = "The release accepts every server argument and flag the deployment passes"
     upstream_history = False  # a fault of the deployment's input, not a defect a release fixes
+    runtime_fix = False  # the server reads its arguments before any code npudoctor could patch
     why = (
         "sglang refuses to start on a ServerArgs field or a launch flag the release does not define "
         "(TypeError from ServerArgs, 'unrecognized arguments' from its parser). Flags are renamed, "
@@ -64,30 +63,7 @@ class ServerArguments(Check):
         return Probe(Status.SKIP, "no deployment given: no server arguments to check against the release")
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        skip = self.out_of_scope(facts)
-        return skip if skip is not None else static_probe(target, facts)
-
-    def run(
-        self, target: Target, facts: Facts, depth: str = "auto", live: LiveOutcome | None = None
-    ) -> Result:
-        """Static at every depth: the release's argument table is read from its source (a ``--depth
-        live`` run still needs it, and there is no live probe to wait for)."""
-        return super().run(target, facts, "static", None)
-
-    def result(
-        self,
-        status: Status,
-        depth: Depth,
-        summary: str,
-        evidence: tuple[Evidence, ...] = (),
-        assumptions: tuple[str, ...] = (),
-        roles: tuple[str, ...] = (),
-    ) -> Result:
-        """As every check's, but no ``npudoctor fix`` to point at: NPD000 has no runtime fix."""
-        result = super().result(status, depth, summary, evidence, assumptions, roles)
-        if result.remediation is None:
-            return result
-        return dataclasses.replace(result, remediation=dataclasses.replace(result.remediation, fix_id=None))
+        return static_probe(target, facts)
 
 
 CHECK = ServerArguments()
