@@ -18,7 +18,9 @@ from npudoctor.facts import Facts
 from npudoctor.results import Result
 from npudoctor.target import Target
 
-NO_LIVE_PROBE_APPLIES = "no live probe applies to this deployment (every check is out of its scope)"
+NO_LIVE_PROBE_APPLIES = (
+    "no live probe applies to this deployment (the checks run are out of its scope or have none)"
+)
 
 
 @dataclass(frozen=True)

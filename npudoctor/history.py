@@ -58,7 +58,8 @@ def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None
     if not releases:
         return Upstream(None, None)
     newest = releases[-1]
-    witnesses = [w for w in _witnesses(data, check_id) if _matches(w, facts)] or _witnesses(data, check_id)
+    every = _witnesses(data, check_id)
+    witnesses = [w for w in every if _matches(w, facts)] or every
     if not witnesses:
         return Upstream(None, newest)
     after = version_key(version) if version else ()
