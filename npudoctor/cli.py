@@ -351,6 +351,7 @@ def _plan_json(planned) -> list[dict]:
             "reason": p.decision.reason,
             "safety": p.fix.safety.value,
             "upstream": p.fix.upstream,
+            "own": p.fix.own or None,
             "replaces": list(p.decision.installs or p.fix.replaces),
             "release": p.decision.release,
         }
@@ -368,7 +369,7 @@ def _print_plan(console: Console, planned) -> None:
             p.decision.action.value,
             p.fix.safety.value,
             "\n".join(s.split(":")[1] for s in (p.decision.installs or p.fix.replaces)),
-            escape(f"{p.decision.reason}\n{p.fix.upstream}"),
+            escape(f"{p.decision.reason}\n{p.fix.provenance}"),
         )
     console.print(table)
 
@@ -485,6 +486,7 @@ def _fixed_in_history(item) -> str:
 def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")]) -> None:
     """Why a check matters, when its defect bites, and how to fix it."""
     from npudoctor.check import all_checks
+    from npudoctor.fix import fix_by_id
 
     checks = {c.id: c for c in all_checks()}
     item = checks.get(check_id.strip().upper())
@@ -498,6 +500,12 @@ def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check 
     console.print(f"Upstream (release history npudoctor checked): {escape(_fixed_in_history(item))}.")
     for url in item.upstream:
         console.print(f"Upstream: {url}")
+    try:
+        fix = fix_by_id(item.id)
+    except KeyError:  # a check without a runtime fix (NPD000)
+        fix = None
+    if fix is not None:
+        console.print(f"\n[bold]Runtime fix[/] ({fix.safety.value})\n{escape(fix.title)}: {escape(fix.provenance)}.")
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
     if doc:
         console.print(f"\n[bold]What the check tests[/]\n{escape(doc)}")

@@ -85,7 +85,10 @@ class Fix:
 
     id: ClassVar[str]
     title: ClassVar[str]
-    upstream: ClassVar[str]  # the pull request the replacements port
+    upstream: ClassVar[str | None]  # the pull request the replacements port; None: nothing is ported
+    # Where no upstream pull request fixes the defect (it still ships in the newest release), the
+    # replacement is npudoctor's own: the property it restores and the releases it serves.
+    own: ClassVar[str] = ""
     safety: ClassVar[Safety]
     replaces: ClassVar[tuple[str, ...]]  # "module:Class.method" sites the fix installs
     anchors: ClassVar[tuple[str, ...]] = ()  # further sites the replacements rely on (fingerprinted only)
@@ -110,6 +113,15 @@ class Fix:
     def installs_in_modules(self) -> tuple[str, ...]:
         """``installs`` for the imported modules (in the patching process)."""
         return self.installs({str(site): _live_node(site) for site in self.sites})
+
+    @property
+    def provenance(self) -> str:
+        """Where the replacements come from: the upstream pull request they port, and the part
+        that is npudoctor's own (no upstream fix to port)."""
+        parts = [f"port of {self.upstream}"] if self.upstream else []
+        if self.own:
+            parts.append(f"npudoctor's own fix (no upstream pull request): {self.own}")
+        return "; ".join(parts)
 
     @property
     def sites(self) -> tuple[Site, ...]:

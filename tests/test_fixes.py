@@ -45,10 +45,23 @@ def test_every_fix_has_a_scenario_and_a_check():
     ids = {f.id for f in all_fixes()}
     assert ids == set(SCENARIOS), "each fix needs a deployment it is proven on"
     for fix in all_fixes():
-        assert fix.check.id == fix.id and fix.upstream.startswith(
-            "https://github.com/sgl-project/sglang/pull/"
-        )
+        assert fix.check.id == fix.id
+        assert fix.upstream or fix.own, "a fix ports an upstream pull request or says it is npudoctor's own"
+        assert fix.upstream is None or fix.upstream.startswith("https://github.com/sgl-project/sglang/pull/")
         assert fix.replaces and fix.written_for
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_explain_names_where_the_fix_comes_from(cli, fix_id):
+    """A user deciding on an unsafe override must see whether it ports upstream's fix or is npudoctor's own."""
+    from npudoctor.fix import fix_by_id
+
+    fix = fix_by_id(fix_id)
+    code, out, _ = cli("explain", fix_id)
+    text = " ".join(out.split())
+    assert code == 0 and "Runtime fix" in text and fix.safety.value in text
+    assert (fix.upstream in text) if fix.upstream else ("port of" not in text)
+    assert ("npudoctor's own fix" in text) == bool(fix.own)
 
 
 @pytest.mark.parametrize("fix_id", FIX_IDS)
