@@ -85,6 +85,7 @@ def main() -> int:
     print(f"  check --depth live: {cost.wall:.2f} s (ratio {cost.wall / bare_wall:.2f}); live child peak "
           f"{cost.peak_rss_mb:.0f} MB = import {cost.import_rss_mb:.0f} MB + "
           f"{cost.peak_rss_mb - cost.import_rss_mb:.0f} MB for the probes")  # fmt: skip
+    print(f"    {live_check.breakdown(cost)}")
 
     print("\n3. live cost vs model size and PP stages (wall s / probe MB above the import)")
     with tempfile.TemporaryDirectory() as scratch:

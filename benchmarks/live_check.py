@@ -44,6 +44,8 @@ class LiveCost:
     wall: float  # seconds, whole `npudoctor check --depth live` process
     peak_rss_mb: float  # the live child's peak
     import_rss_mb: float  # the live child's RSS right after importing the probed modules
+    import_seconds: float  # the live child's import of the probed modules
+    probe_seconds: dict[str, float]  # check id -> its live probe, in the child
     statuses: str
 
 
@@ -81,7 +83,22 @@ def live_check(tree: Path, config: Path, runs: int) -> LiveCost:
         wall=statistics.median(t for t, _ in runs_done),
         peak_rss_mb=statistics.median(r["live"]["peak_rss_mb"] for r in reports),
         import_rss_mb=statistics.median(r["live"]["import_rss_mb"] for r in reports),
+        import_seconds=statistics.median(r["live"]["import_seconds"] for r in reports),
+        probe_seconds={
+            check_id: statistics.median(r["live"]["probe_seconds"][check_id] for r in reports)
+            for check_id in live["probe_seconds"]
+        },
         statuses=", ".join(f"{r['id']}={r['status']}/{r['depth']}" for r in reports[-1]["results"]),
+    )
+
+
+def breakdown(cost: LiveCost) -> str:
+    """Where the wall time of a live check went: the child's import, each probe, the rest."""
+    probes = sum(cost.probe_seconds.values())
+    return (
+        f"of which: child import {cost.import_seconds:.2f} s, probes {probes:.2f} s "
+        f"({', '.join(f'{k} {v:.2f}' for k, v in cost.probe_seconds.items())}), "
+        f"the rest (start-ups, static depth, report) {cost.wall - cost.import_seconds - probes:.2f} s"
     )
 
 
@@ -97,6 +114,7 @@ def main() -> int:
     print(f"sglang {args.release}, {Path(args.config).name}, median of {args.runs} runs")
     print(f"bare import of the probed modules: {bare_wall:.2f} s wall, {bare_rss:.0f} MB peak RSS")
     print(f"npudoctor check --depth live:      {cost.wall:.2f} s wall (ratio {cost.wall / bare_wall:.2f})")
+    print(f"  {breakdown(cost)}")
     print(
         f"live child peak RSS: {cost.peak_rss_mb:.0f} MB, {cost.import_rss_mb:.0f} MB after the import "
         f"(+{cost.peak_rss_mb - cost.import_rss_mb:.0f} MB for the probes)"

@@ -49,6 +49,7 @@ class LiveOutcome:
     # a module (or a name in one) this host lacks, stood in for the import -> the check that needed it
     stood_in: dict[str, str] = field(default_factory=dict)
     import_seconds: float = 0.0
+    probe_seconds: dict[str, float] = field(default_factory=dict)  # check id -> its live probe's wall time
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
     fixes: dict[str, str] = field(default_factory=dict)  # runtime fix id -> "applied" or why not

@@ -198,6 +198,7 @@ def _child() -> int:
             if check_id in outcome.not_run:
                 continue
             step(check_id)
+            started = time.perf_counter()
             try:
                 with npu_runtime(), standins.probing():
                     probe = check.live(target, request["facts"])
@@ -213,6 +214,8 @@ def _child() -> int:
             except Exception as error:
                 outcome.errors[check_id] = _described(error)
                 continue
+            finally:
+                outcome.probe_seconds[check_id] = time.perf_counter() - started
             if outcome.stood_in:
                 probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
             outcome.probes[check_id] = probe

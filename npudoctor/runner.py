@@ -140,6 +140,7 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
     return {
         "ran": True,
         "import_seconds": round(outcome.import_seconds, 2),
+        "probe_seconds": {check_id: round(t, 2) for check_id, t in outcome.probe_seconds.items()},
         "import_rss_mb": round(outcome.import_rss_mb, 1),
         "peak_rss_mb": round(outcome.peak_rss_mb, 1),
         "stood_in": dict(
