@@ -7,7 +7,9 @@ Runs ``npudoctor check --depth auto -f json`` (live where the release imports, s
 on every final sglang release from ``--since`` to the newest on PyPI (fetched into the release
 cache, see fetch_sglang.py), for each witness deployment of ``WITNESSES``; ``npudoctor.history``
 reads the result to say, per finding, from which release the property holds ("upgrade to X") or
-that the newest release checked still fails. Rerun it when a release comes out or a check changes.
+that the newest release checked still fails. Rerun it when a release comes out or a check changes;
+``--witness`` remakes the named witnesses only (the others keep what the history holds, as long
+as it covers the same releases).
 ``--reports DIR`` takes reports already made (JSON of ``check --depth auto`` on a release tree
 with an example deployment, e.g. the live-reports of tests/test_live_every_release.py) instead
 of running them again.
@@ -80,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     trees = {version: fetch.fetch(version) for version in releases}
     chosen = {name: WITNESSES[name] for name in (args.witness or WITNESSES)}
     made = _reports(args.reports, chosen) if args.reports else {}
-    witnesses: dict[str, dict] = {}
+    # the witnesses not chosen keep what the history held (their reports are not made again)
+    previous = json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else {}
+    witnesses: dict[str, dict] = {
+        name: entry
+        for name, entry in previous.get("witnesses", {}).items()
+        if name in WITNESSES and name not in chosen and previous.get("releases") == releases
+    }
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = {
             (name, version): made.get((name, version))
