@@ -40,6 +40,7 @@ from npudoctor.target import Target
 
 from . import live as live_probe
 from . import static as static_probe
+from .arithmetic import Split
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
@@ -118,7 +119,20 @@ class PipelineTransferMap(Check):
 
     def static(self, target: Target, facts: Facts) -> Probe:
         families, draft_layers, assumptions, roles = _scope(facts)
-        return static_probe.probe(target.tree, families, draft_layers, assumptions, roles)
+        prefill, decode, _ = _live_roles(facts, draft_layers)
+        splits = {
+            family: Split(
+                num_layers=model.num_layers,
+                prefill_pp=prefill.pp_size,
+                decode_pp=decode.pp_size,
+                draft_layers=decode.draft_layers,
+                env=dict(prefill.env),
+                model=model.source,
+            )
+            for family in families
+            for model in [facts.model or _ASSUMED_MODELS[family]]
+        }
+        return static_probe.probe(target.tree, families, draft_layers, assumptions, roles, splits)
 
 
 def _scope(facts: Facts):

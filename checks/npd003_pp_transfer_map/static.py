@@ -10,6 +10,9 @@ from npudoctor.check import Probe
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
+from . import arithmetic
+from .arithmetic import CannotEvaluate, Split
+
 _LAYER_COUNT_HINTS = ("total_kv_layers", "hidden_kv_layers", "draft_kv_layers", "num_draft")
 
 
@@ -19,8 +22,10 @@ def probe(
     draft_layers: int,
     assumptions: tuple[str, ...],
     roles: tuple[str, ...],
+    splits: dict[str, Split] | None = None,
 ) -> Probe:
-    """The static verdict for the pool families in scope, decode having ``draft_layers``."""
+    """The static verdict for the pool families in scope, decode having ``draft_layers``; an MHA
+    splitter is run on the family's layer arithmetic in ``splits`` (see ``arithmetic``)."""
     manager = _ascend_manager(tree)
     if manager is None:
         return Probe(
@@ -38,7 +43,8 @@ def probe(
     cls, send = manager
     findings: list[tuple[Status, Evidence]] = []
     for family in families:
-        findings.extend(_family_findings(tree, cls, send, family, draft_layers))
+        split = (splits or {}).get(family)
+        findings.extend(_family_findings(tree, cls, send, family, draft_layers, split))
     worst = max((s for s, _ in findings), key=lambda s: s.severity, default=Status.PASS)
     evidence = tuple(e for _, e in findings)
     if worst is Status.FAIL:
@@ -64,7 +70,7 @@ def _ascend_manager(tree: SourceTree) -> tuple[ClassInfo, FunctionRef] | None:
 
 
 def _family_findings(
-    tree, cls, send: FunctionRef, family: str, draft_layers: int
+    tree, cls, send: FunctionRef, family: str, draft_layers: int, split: Split | None = None
 ) -> list[tuple[Status, Evidence]]:
     pp_branch = _pp_branch(send)
     if pp_branch is None:
@@ -84,6 +90,8 @@ def _family_findings(
         finding = _mla_splitter_finding(tree, splitter, text, branch_at, call_at, where)
     else:
         finding = _mha_splitter_finding(splitter, text, branch_at, where)
+        if finding[0] is Status.PASS and split is not None:
+            return _mha_arithmetic(tree, splitter, split, branch_at)
     return _with_draft_layers(finding, family, splitter, text, draft_layers)
 
 
@@ -190,6 +198,64 @@ def _mha_splitter_finding(
         f"({splitter.where()}), which does not split K and V"
     )
     return Status.FAIL, Evidence(expected=expected, observed=observed, location=where)
+
+
+def _mha_arithmetic(
+    tree: SourceTree, splitter: FunctionRef, split: Split, branch_at: str
+) -> list[tuple[Status, Evidence]]:
+    """Per prefill stage: the release's MHA splitter run on the deployment's layer split (the
+    stage's layers from the release's ``get_pp_indices``); fail where a K/V buffer would land in
+    another layer or kind on decode, or ``send_kvcache`` would raise."""
+    if split.decode_pp not in (1, split.prefill_pp):
+        return [(Status.WARN, Evidence(
+            expected="a decode of PP 1 or of the prefill's PP size (the pairings sglang supports)",
+            observed=f"cannot tell: decode pp_size {split.decode_pp} with prefill pp_size {split.prefill_pp}",
+            location=_location(splitter),
+        ))]  # fmt: skip
+    try:
+        ranges, partition_at = arithmetic.stage_ranges(tree, split)
+        outcomes = [arithmetic.mha_stage(splitter, split, stage, *layers) for stage, layers in enumerate(ranges)]
+    except CannotEvaluate as error:
+        return [(Status.WARN, Evidence(
+            expected="the MHA splitter's layer arithmetic evaluated for the deployment's PP split",
+            observed=f"cannot tell: {error} ({splitter.qualname}, {splitter.where()})",
+            location=_location(splitter),
+        ))]  # fmt: skip
+    draft = f" + {split.draft_layers} draft layer(s)" if split.draft_layers else ""
+    decode = "decode PP 1" if split.decode_pp == 1 else f"decode PP {split.decode_pp}"
+    findings = []
+    for outcome in outcomes:
+        stage = f"prefill stage {outcome.stage} (layers {outcome.start}-{outcome.end - 1})"
+        expected = (
+            f"{stage}: each of its {outcome.buffers} K/V buffers written into the same layer and kind on "
+            f"{decode} ({split.num_layers} layers{draft}), one to one"
+        )
+        line = arithmetic.assignment_line(splitter, outcome, "dst_v_ptrs")
+        taken = f"{splitter.relpath}:{line}" if line else splitter.where()
+        how = (
+            f"{splitter.qualname} ({splitter.where()}, called at {branch_at}) on the split from "
+            f"get_pp_indices ({partition_at}) of {split.num_layers} layers over PP {split.prefill_pp}; "
+            f"V destinations from {taken} (static, evaluated)"
+        )
+        location = Location(splitter.relpath, line or splitter.line, splitter.qualname)
+        if outcome.right:
+            observed = f"{stage}: {outcome.buffers} of {outcome.buffers} pairs right; {how}"
+            findings.append((Status.PASS, Evidence(expected, observed, location)))
+            continue
+        problems = []
+        if outcome.wrong:
+            shown = ", ".join(f"{s} -> {t}" for s, t in outcome.wrong[:4])
+            more = ", ..." if len(outcome.wrong) > 4 else ""
+            problems.append(f"{len(outcome.wrong)} of {outcome.buffers} pairs wrong: {shown}{more}")
+        if outcome.raised:
+            problems.append(f"send_kvcache would raise {outcome.raised}")
+        elif outcome.unsent:
+            problems.append(f"{outcome.unsent} buffer(s) never sent")
+        if not problems:
+            problems.append("decode buffers written from several stage buffers")
+        observed = f"{stage}: {'; '.join(problems)}; {how}"
+        findings.append((Status.FAIL, Evidence(expected, observed, location)))
+    return findings
 
 
 def _with_draft_layers(
