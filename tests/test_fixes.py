@@ -25,6 +25,7 @@ SCENARIOS = {
     "NPD003": EXAMPLES / "deepseek-v3.2-pd.yaml",
     "NPD004": EXAMPLES / "qwen3-cp-prefill.yaml",
     "NPD005": EXAMPLES / "deepseek-v3-pd.yaml",
+    "NPD006": EXAMPLES / "deepseek-v3-pd.yaml",
 }
 FIX_IDS = sorted(SCENARIOS)
 

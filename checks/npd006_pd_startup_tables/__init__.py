@@ -7,12 +7,14 @@ lengths), then the state-buffer tables (``get_state_buf_infos``, through ``setup
 in disaggregation/utils.py since 0.5.12; behind ``hasattr`` in ``_init_kv_manager`` in 0.5.4-0.5.11).
 This runs for every transfer backend (the tables are the pool's), before any request.
 
-Witness, found by npudoctor (no upstream pull request): sglang 0.5.12 gave
+Witness (https://github.com/sgl-project/sglang/pull/25383, in 0.5.13): sglang 0.5.12 gave
 ``NPUMLATokenToKVPool`` (hardware_backend/npu/memory_pool_npu.py:298) a ``get_state_buf_infos``
 that indexes ``self.index_k_buffer``, which its ``__init__`` sets to ``None`` unless the model has
 the NSA indexer. A DeepSeek-V3 (MLA without indexer) PD server therefore dies at start-up with
 ``TypeError: 'NoneType' object is not subscriptable``. 0.5.13 returns empty tables when
-``index_head_dim is None`` (memory_pool_npu.py:356).
+``index_head_dim is None`` (memory_pool_npu.py:356). The pull request names the cause: the
+refactor of hybrid state transfer (commit d7f4761a, ``setup_state_kv_args``) made the start-up
+call ``get_state_buf_infos`` on the NPU MLA pool, a path no MLA model without indexer had taken.
 
 Property: for each PD role and every pool the role builds (the target model's and the draft
 model's), the table builders return, without raising, equal-length lists in which each pointer is
@@ -103,7 +105,7 @@ _ASSUMED = (
 class StartupTransferTables(Check):
     id = "NPD006"
     title = "PD start-up transfer tables build and describe the KV pool's buffers"
-    upstream = ()  # found by npudoctor; 0.5.13 fixed it without a pull request that names it
+    upstream = ("https://github.com/sgl-project/sglang/pull/25383",)
     why = (
         "At PD start-up each server builds the tables its KV manager registers with the transfer "
         "engine from its KV pools (and the draft model's). If a table builder reads a buffer the "
@@ -115,8 +117,8 @@ class StartupTransferTables(Check):
         "0.5.12 with an MLA model without the NSA indexer (DeepSeek-V3/R1, Kimi, GLM) on Ascend."
     )
     how_to_fix = (
-        "apply the npudoctor runtime override for NPD006 (0.5.13's get_state_buf_infos: no state "
-        "tables without the indexer): npudoctor fix --apply --select NPD006"
+        "apply the npudoctor runtime override for NPD006 (port of #25383: no state tables without "
+        "the indexer): npudoctor fix --apply --select NPD006"
     )
 
     def live_imports(self) -> None:
@@ -155,7 +157,9 @@ def _scope(facts: Facts) -> tuple[list[RoleFacts], list[Kind], tuple[str, ...]] 
             return "not a PD disaggregated deployment: no KV manager registers transfer tables"
     else:
         roles = _assumed_roles()
-        assumptions.append("no server args given: assumed PD prefill and decode (decode with one MTP draft layer)")
+        assumptions.append(
+            "no server args given: assumed PD prefill and decode (decode with one MTP draft layer)"
+        )
     if facts.model is None:
         assumptions.append("no model config given: checked MLA with and without the NSA indexer, and GQA")
         return roles, list(_ASSUMED), tuple(assumptions)

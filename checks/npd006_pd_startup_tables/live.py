@@ -4,7 +4,6 @@ where it has one, and check the tables against the buffers the pools hold."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 import sys
@@ -15,25 +14,26 @@ from npudoctor import livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.livecode import code_location, raising_location, relative
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.results import Evidence
 
 from .verdict import TABLES, Kind, verdict
 
 UTILS_MODULE = "sglang.srt.disaggregation.utils"
+BASE_MODULE = "sglang.srt.disaggregation.base"
 
 
 def import_table_modules() -> None:
-    """The disaggregation utils (``get_kv_class``, ``setup_state_kv_args``) and the ascend KV
-    classes (imported here so a runtime fix of their module is in place before the probe)."""
+    """The disaggregation utils (``setup_state_kv_args``) and the ``KVArgs`` container."""
     importlib.import_module(UTILS_MODULE)
-    with contextlib.suppress(Exception):
-        kv_args_class()
+    importlib.import_module(BASE_MODULE)
 
 
 def kv_args_class() -> type:
-    """The ``KVArgs`` class sglang's ``get_kv_class`` picks for the ascend backend."""
-    utils = sys.modules[UTILS_MODULE]
-    return utils.get_kv_class(utils.TransferBackend.ASCEND, utils.KVClassType.KVARGS)
+    """The ``KVArgs`` container ``_init_kv_manager`` fills: ``get_kv_class(backend, KVARGS)``
+    returns ``disaggregation.base.KVArgs`` for every transfer backend in every release (0.5.19+
+    says so: "Every backend shares the same KVArgs container"), so the backend's own modules
+    (networking, engines) need not be imported for the tables."""
+    return sys.modules[BASE_MODULE].KVArgs
 
 
 def producer() -> Any:
@@ -63,7 +63,10 @@ def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str
                 label = f"{cls.__name__} ({kind.label}; {role.name})"
                 try:
                     outcome, item = liveprocess.in_role(
-                        role, lambda cls=cls, role=role: _role_tables(cls, kind.model, role, args_class)
+                        role,
+                        lambda cls=cls, role=role, model=kind.model: _role_tables(
+                            cls, model, role, args_class
+                        ),
                     )
                 finally:
                     gc.collect()
@@ -200,14 +203,18 @@ def describe_problems(kv_args: Any, pools: list[Any]) -> list[str]:
         for entry, (ptr, length, item) in enumerate(zip(ptrs, lens, items)):
             found = buffers.get(int(ptr))
             if found is None:
-                problems.append(f"{name}_data_ptrs[{entry}] = {ptr:#x} is the start of no buffer of the pools")
+                problems.append(
+                    f"{name}_data_ptrs[{entry}] = {ptr:#x} is the start of no buffer of the pools"
+                )
                 continue
             registered.add(int(ptr))
             label, nbytes = found
             if int(length) != nbytes:
                 problems.append(f"{name}_data_lens[{entry}] = {length} bytes, but {label} holds {nbytes}")
             elif int(item) <= 0 or int(length) % int(item):
-                problems.append(f"{name}_item_lens[{entry}] = {item} does not divide {label}'s {length} bytes")
+                problems.append(
+                    f"{name}_item_lens[{entry}] = {item} does not divide {label}'s {length} bytes"
+                )
     if not kv_args.kv_data_ptrs:
         problems.append("no KV data pointer registered")
     missing = [label for ptr, (label, _) in buffers.items() if ptr not in registered]

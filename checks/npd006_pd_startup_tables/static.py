@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from npudoctor.check import Probe
 from npudoctor.facts import RoleFacts
 from npudoctor.pools import no_npu_pool, npu_pool_classes
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Location
 from npudoctor.shapes import LayoutEvaluator, Sym
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree, is_self
 
@@ -51,11 +51,15 @@ class _NoneReadEvaluator(LayoutEvaluator):
         return decided
 
     def _check(self, node: ast.expr, env, method: FunctionRef) -> None:
-        if isinstance(node, ast.Attribute) and is_self(node.value) and node.attr not in self.params:
-            if env.attrs.get(node.attr, ...) is None:
-                key = (node.attr, method.relpath, node.lineno)
-                location = Location(method.relpath, node.lineno, method.qualname)
-                self.reads.setdefault(key, NoneRead(node.attr, location, self.undecided == 0))
+        if (
+            isinstance(node, ast.Attribute)
+            and is_self(node.value)
+            and node.attr not in self.params
+            and env.attrs.get(node.attr, ...) is None
+        ):
+            key = (node.attr, method.relpath, node.lineno)
+            location = Location(method.relpath, node.lineno, method.qualname)
+            self.reads.setdefault(key, NoneRead(node.attr, location, self.undecided == 0))
 
     def _eval(self, node, env, method):
         if isinstance(node, ast.Subscript) or (isinstance(node, ast.Attribute) and not is_self(node.value)):
@@ -63,7 +67,9 @@ class _NoneReadEvaluator(LayoutEvaluator):
         elif isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)):
             for generator in node.generators:
                 self._check(generator.iter, env, method)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "len"):
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "len")
+        ):
             for arg in node.args:
                 self._check(arg, env, method)
         return super()._eval(node, env, method)
@@ -99,7 +105,11 @@ def state_table_callers(tree: SourceTree) -> list[Location]:
                 and node.func.attr == STATE_TABLE
             ):
                 receiver = ast.unparse(node.func.value)
-                if receiver.endswith("token_to_kv_pool") and "draft" not in receiver and "req_to" not in receiver:
+                if (
+                    receiver.endswith("token_to_kv_pool")
+                    and "draft" not in receiver
+                    and "req_to" not in receiver
+                ):
                     found.append(Location(tree.relpath(path), node.lineno))
     return sorted(found, key=lambda loc: (not loc.path.endswith("utils.py"), loc.path, loc.line))
 
@@ -113,7 +123,9 @@ def static_probe(
     callers = state_table_callers(tree)
     notes = []
     if callers:
-        notes.append(f"static: PD start-up asks the KV pool for its state buffers at {callers[0].path}:{callers[0].line}")
+        notes.append(
+            f"static: PD start-up asks the KV pool for its state buffers at {callers[0].path}:{callers[0].line}"
+        )
     for kind in kinds:
         classes = npu_pool_classes(tree, kind.family)
         if not classes:
@@ -164,7 +176,9 @@ def _judge(
     if certain or reads:
         table, read = (certain or reads)[0]
         origin = evaluator.set_none.get(read.attr)
-        set_at = f", which {origin.symbol} sets to None at {origin.path}:{origin.line}" if origin else " (None)"
+        set_at = (
+            f", which {origin.symbol} sets to None at {origin.path}:{origin.line}" if origin else " (None)"
+        )
         caller = ""
         if table == STATE_TABLE and callers:
             caller = f"; PD start-up calls it at {callers[0].path}:{callers[0].line}"
@@ -178,9 +192,17 @@ def _judge(
             )
         return "fail", Evidence(expected, observed, read.location)
     where = tree.lookup(evaluator.mro, tables[-1])
-    location = Location(where.relpath, where.line, where.qualname) if where else Location(cls.relpath, cls.line)
-    skipped = "" if STATE_TABLE in tables else (
-        f"; {STATE_TABLE} not called on it at start-up" if state is not None else f"; no {STATE_TABLE} on it"
+    location = (
+        Location(where.relpath, where.line, where.qualname) if where else Location(cls.relpath, cls.line)
+    )
+    skipped = (
+        ""
+        if STATE_TABLE in tables
+        else (
+            f"; {STATE_TABLE} not called on it at start-up"
+            if state is not None
+            else f"; no {STATE_TABLE} on it"
+        )
     )
     return "pass", Evidence(
         expected,
