@@ -73,7 +73,8 @@ class CpuOffloadRoundTrip(Check):
         return live_probe(facts, role, roles, families, assumptions)
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        return static_probe(target.tree, *offload_scope(facts))
+        role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
+        return static_probe(target.tree, facts, role, *offload_scope(facts))
 
 
 CHECK = CpuOffloadRoundTrip()

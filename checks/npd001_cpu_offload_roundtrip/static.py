@@ -1,7 +1,9 @@
 """NPD001 static probe: read with ``ast`` the ``get_cpu_copy``/``load_cpu_copy`` that every NPU
 pool class of the deployment's families resolves to through its MRO, and require that they exist,
-are not abstract stubs, and read only attributes that building the class assigns or its classes
-define (``npudoctor.pools`` finds the classes, ``npudoctor.source`` follows their construction).
+are not abstract stubs, read only attributes that building the class assigns or its classes
+define (``npudoctor.pools`` finds the classes, ``npudoctor.source`` follows their construction),
+and index every buffer with the request's token slots through a view whose rows are token slots
+(``layout``: the pool built on symbols for the decode role, FIA on or off, the model's head dims).
 """
 
 from __future__ import annotations
@@ -9,17 +11,30 @@ from __future__ import annotations
 import ast
 
 from npudoctor.check import Probe
+from npudoctor.facts import Facts, RoleFacts
 from npudoctor.pools import OFFLOAD_METHODS, no_npu_pool, npu_pool_classes
 from npudoctor.results import Evidence, Location, Status
+from npudoctor.shapes import Sym, Tensor
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+
+from .layout import OffloadEvaluator, addresses_tokens, describe, token_slots
+
+FIA_ENV = "ASCEND_USE_FIA"
 
 
 def static_probe(
-    tree: SourceTree, roles: tuple[str, ...], families: list[str], assumptions: tuple[str, ...]
+    tree: SourceTree,
+    facts: Facts,
+    role: RoleFacts,
+    roles: tuple[str, ...],
+    families: list[str],
+    assumptions: tuple[str, ...],
 ) -> Probe:
-    """The verdict over every NPU pool class of ``families``; ``roles`` are the roles that offload."""
+    """The verdict over every NPU pool class of ``families`` built for the decode ``role``;
+    ``roles`` are the roles that offload."""
     evidence: list[Evidence] = []
     failing: list[str] = []
+    misaddressed: list[str] = []
     uncertain: list[str] = []
     unrecognised: list[str] = []
     for family in families:
@@ -30,19 +45,25 @@ def static_probe(
             continue
         for cls in classes:
             problems = _offload_problems(tree, cls)
+            if not any(status is Status.FAIL for status, _ in problems):
+                problems += _layout_problems(tree, cls, facts, role)
             evidence.extend(e for _, e in problems)
             if not problems:
-                evidence.append(_round_trip_ok(tree, cls))
+                evidence.append(_round_trip_ok(tree, cls, facts, role))
             elif any(status is Status.FAIL for status, _ in problems):
                 failing.append(cls.name)
+                if any("token slots" in e.expected for _, e in problems):
+                    misaddressed.append(cls.name)
             else:
                 uncertain.append(cls.name)
 
     if failing:
         status = Status.FAIL
-        summary = (
-            f"{', '.join(failing)}: CPU offload/reload would raise on the first retraction "
-            "(offload methods read attributes the pool never assigns)"
+        summary = f"{', '.join(failing)}: CPU offload/reload would " + (
+            "copy other elements than the request's tokens, or raise, on the first retraction "
+            "(the offload methods index a buffer view whose rows are not token slots)"
+            if misaddressed
+            else "raise on the first retraction (offload methods read attributes the pool never assigns)"
         )
     elif unrecognised or uncertain:
         status = Status.WARN
@@ -52,11 +73,18 @@ def static_probe(
                 if unrecognised
                 else []
             )
-            + ([f"{', '.join(uncertain)} inherit from classes outside sglang"] if uncertain else [])
+            + (
+                [f"{', '.join(uncertain)}: bases outside sglang, or buffer views npudoctor cannot evaluate"]
+                if uncertain
+                else []
+            )
         )
     else:
         status = Status.PASS
-        summary = "the NPU pools' offload methods read only attributes their construction assigns"
+        summary = (
+            "the NPU pools' offload methods read only attributes their construction assigns and index "
+            "every buffer by token slot"
+        )
     return Probe(status, summary, tuple(evidence), assumptions, roles)
 
 
@@ -122,19 +150,118 @@ def _offload_problems(tree: SourceTree, cls: ClassInfo) -> list[tuple[Status, Ev
     return problems
 
 
-def _round_trip_ok(tree: SourceTree, cls: ClassInfo) -> Evidence:
+def _round_trip_ok(tree: SourceTree, cls: ClassInfo, facts: Facts, role: RoleFacts) -> Evidence:
     mro = tree.mro(cls)
     resolved = [tree.lookup(mro, name) for name in OFFLOAD_METHODS]
     reads = sorted({a for m in resolved for a in tree.reads(cls, m) if "buffer" in a})
     first = resolved[0]
     return Evidence(
-        expected=f"{cls.name} offload methods read only attributes its construction assigns",
+        expected=(
+            f"{cls.name} offload methods read only attributes its construction assigns and index each "
+            f"buffer through a view whose rows are token slots ({_conditions(facts, role)})"
+        ),
         observed=(
             ", ".join(f"{m.qualname} ({m.where()})" for m in resolved)
             + (f" read {', '.join(reads)}, all assigned" if reads else " read no buffer attributes")
+            + "; every view they index with the token slots has one token per row"
         ),
         location=Location(first.relpath, first.line, first.qualname),
     )
+
+
+def layout_params(facts: Facts, role: RoleFacts) -> dict:
+    """What the deployment decides about the pool's construction, as the live probe builds it
+    (``livepools.build_pool``: the same heads, head dims and defaults without a model); one rank of
+    one decode-context-parallel group, the main (not the draft) pool."""
+    model = facts.model
+    mla = bool(model and model.attention.is_mla)
+    heads = 1 if mla else max(1, (model.num_kv_heads if model else 8) // max(1, role.tp_size))
+    params: dict = {
+        "head_num": Sym.const(heads),
+        "head_dim": Sym.const(model.head_dim if model else 128),
+        "v_head_dim": Sym.const(model.v_head_dim if model else 128),
+        "kv_lora_rank": Sym.const(model.kv_lora_rank if model and model.kv_lora_rank else 512),
+        "qk_rope_head_dim": Sym.const(model.qk_rope_head_dim if model and model.qk_rope_head_dim else 64),
+        "index_head_dim": Sym.const(model.index_head_dim) if model and model.index_head_dim else None,
+        "is_draft_worker": False,
+        "dcp_size": Sym.const(1),
+    }
+    if role.kv_cache_dtype == "auto":
+        params["is_quantized_kv_cache"] = False
+    return params
+
+
+def _conditions(facts: Facts, role: RoleFacts) -> str:
+    model = facts.model
+    parts = [f"{role.name}: {FIA_ENV}={'1' if role.use_fia else '0'}"]
+    if model and not model.attention.is_mla:
+        parts.append(f"head_dim {model.head_dim}, v_head_dim {model.v_head_dim}")
+    if model and model.index_head_dim:
+        parts.append(f"indexer head dim {model.index_head_dim}")
+    return ", ".join(parts)
+
+
+def _layout_problems(
+    tree: SourceTree, cls: ClassInfo, facts: Facts, role: RoleFacts
+) -> list[tuple[Status, Evidence]]:
+    """Every view the copy methods index with the token slots must have token slots as rows: FAIL
+    with the indexing line where one does not, WARN where npudoctor cannot evaluate the view."""
+    env = dict(role.env)
+    env[FIA_ENV] = "1" if role.use_fia else "0"
+    conditions = _conditions(facts, role)
+    problems: list[tuple[Status, Evidence]] = []
+    for name in OFFLOAD_METHODS:
+        evaluator = OffloadEvaluator(tree, cls, env, layout_params(facts, role))
+        evaluator.construct()
+        method = evaluator.run_copy(name)
+        if method is None:
+            continue
+        accesses = evaluator.accesses
+        wrong = [a for a in accesses if isinstance(a.view, Tensor) and not addresses_tokens(a.view)]
+        unknown = [a for a in accesses if not isinstance(a.view, Tensor)]
+        for access in wrong:
+            slots = token_slots(access.view)
+            problems.append(
+                (
+                    Status.FAIL,
+                    Evidence(
+                        expected=(
+                            f"{cls.name}.{name} indexes each buffer with the request's token slots through "
+                            f"a view whose rows are token slots ({slots} per layer; {conditions})"
+                        ),
+                        observed=(
+                            f"{method.qualname} ({method.where()}) indexes `{access.text}` ({access.where}) "
+                            f"on a view of shape {describe(access.view)}: its rows are "
+                            + (
+                                f"{access.view.shape[0]}, not the {slots} token slots"
+                                if slots
+                                else "not token slots"
+                            )
+                            + " (IndexError past the first rows, other elements below)"
+                        ),
+                        location=Location(access.method.relpath, access.line, access.method.qualname),
+                    ),
+                )
+            )
+        if unknown or not accesses:
+            where = unknown[0] if unknown else None
+            problems.append(
+                (
+                    Status.WARN,
+                    Evidence(
+                        expected=f"{cls.name}.{name}: buffer views npudoctor can evaluate ({conditions})",
+                        observed=(
+                            f"`{where.text}` ({where.where}) indexes a value npudoctor cannot evaluate"
+                            if where
+                            else f"{method.qualname} ({method.where()}) indexes no buffer npudoctor can follow"
+                        ),
+                        location=Location(
+                            method.relpath, where.line if where else method.line, method.qualname
+                        ),
+                    ),
+                )
+            )
+    return problems
 
 
 def _only_raises_not_implemented(method: FunctionRef) -> bool:
