@@ -106,7 +106,7 @@ def test_example_loads_and_checks_cleanly(cli, subject, example, state):
     assert report["deployment"]["source"] == f"yaml:{EXAMPLES / example}"
     assert report["deployment"]["model"] is not None
     results = statuses(report)
-    assert sorted(results) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(results) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005", "NPD006"]
     assert "error" not in results.values(), report["results"]
     assert code == (1 if "fail" in results.values() else 0)
     # the release accepts the example's argument names, or NPD000 names each one it refuses
@@ -133,6 +133,7 @@ TRUTH_CASES = [
     ("qwen3-cp-prefill.yaml", "NPD004", "0.5.13+cp-gap", "0.5.23"),  # scalar CP fields, chunk(q, 2)
     ("qwen3-cp-prefill.yaml", "NPD004", "0.5.13+cp-gap", "0.5.13"),  # the same release, fixed method
     ("qwen3-cp-prefill.yaml", "NPD002", "0.5.9", "0.5.11"),
+    ("deepseek-v3-pd.yaml", "NPD006", "0.5.12", "0.5.13"),  # state tables read index_k_buffer = None
 ]
 
 
@@ -495,7 +496,7 @@ def test_github_job_runs(subject, tmp_path, state):
     assert outputs["check"]["code"] == ("1" if buggy else "0")
     junit = ET.parse(tmp_path / "work" / "npudoctor.xml").getroot()
     cases = {c.get("name").split()[0]: c for c in junit.iter("testcase")}
-    assert sorted(cases) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(cases) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005", "NPD006"]
     assert (cases["NPD001"].find("failure") is not None) is buggy
 
     annotate = done["annotate"]
@@ -508,7 +509,7 @@ def test_github_job_runs(subject, tmp_path, state):
         match = re.match(r"\| \*\*(NPD\d+)\*\* [^|]* \| (\w+) \|", line)
         if match:
             rows[match.group(1)] = match.group(2)
-    assert sorted(rows) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005"]
+    assert sorted(rows) == ["NPD000", "NPD001", "NPD002", "NPD003", "NPD004", "NPD005", "NPD006"]
     assert rows["NPD001"] == ("FAIL" if buggy else "PASS")
 
     assert done["gate"].returncode == (1 if buggy else 0), done["gate"].stdout

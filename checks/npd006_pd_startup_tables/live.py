@@ -64,9 +64,7 @@ def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str
                 try:
                     outcome, item = liveprocess.in_role(
                         role,
-                        lambda cls=cls, role=role, model=kind.model: _role_tables(
-                            cls, model, role, args_class
-                        ),
+                        lambda cls=cls, role=role, kind=kind: _role_tables(cls, kind, role, args_class),
                     )
                 finally:
                     gc.collect()
@@ -75,11 +73,12 @@ def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str
     return verdict(roles, evidence, assumptions + tuple(notes), failing, unknown, "live")
 
 
-def _role_tables(cls: type, model: ModelFacts, role: RoleFacts, args_class: type) -> tuple[str, Evidence]:
+def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tuple[str, Evidence]:
     """Build the role's pools, its tables as ``_init_kv_manager`` does, and judge them."""
+    model = kind.model
     draft_note = f" + draft pool of {role.draft_layers} layer(s)" if role.draft_layers else ""
     expected = (
-        f"{role.name}: {cls.__name__}{draft_note} tables (KV data, state) build and describe the pool's "
+        f"{role.name}, {kind.label}: {cls.__name__}{draft_note} tables (KV data, state) build and describe the pool's "
         "buffers: each pointer a buffer's data_ptr, each length its nbytes, item lengths dividing it, "
         "equal-length lists, every KV buffer registered"
     )
@@ -92,6 +91,12 @@ def _role_tables(cls: type, model: ModelFacts, role: RoleFacts, args_class: type
         )
     except livepools.CannotBuild as reason:
         return "unknown", Evidence(expected, str(reason), code_location(cls, "__init__"))
+    if not callable(getattr(pool, TABLES[0], None)):
+        return "unknown", Evidence(
+            expected,
+            f"{cls.__name__} has no {TABLES[0]}: a pool layout npudoctor does not recognise",
+            code_location(cls, "__init__"),
+        )
     try:
         kv_args = assemble_kv_args(args_class, pool, draft, model, role)
     except Exception as error:

@@ -161,6 +161,12 @@ def _judge(
     env = dict(role.env)
     env.setdefault("ASCEND_USE_FIA", "1" if role.use_fia else "0")
     evaluator = _NoneReadEvaluator(tree, cls, env, params)
+    if tree.lookup(evaluator.mro, TABLES[0]) is None:
+        return "unknown", Evidence(
+            f"{cls.name}.{TABLES[0]}, the KV table builder PD start-up calls on every pool",
+            f"{cls.name} has none (through its MRO): a pool layout npudoctor does not recognise",
+            Location(cls.relpath, cls.line, cls.name),
+        )
     evaluator.construct()
     tables = [TABLES[0]]
     state = tree.lookup(evaluator.mro, STATE_TABLE)
