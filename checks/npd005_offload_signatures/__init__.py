@@ -63,6 +63,18 @@ list in npudoctor.
   other attention family's NPU pool) are reported, marked "not on this deployment's NPU
   path", in the evidence and the summary, and never change the status.
 
+* **Every call on the path** (``chain.py``, issue 12). A retraction runs more than the two copy
+  methods: the scheduler's offload functions (and their ``self`` helpers) ask the allocator for
+  its pool and read flags on it (``get_kvcache().cpu_copy_carries_mamba``), composite pools
+  call their sub-pools and mamba pool (``MambaPool`` is no KV pool), NPU pools call their own
+  helpers (``_chunk_copy_npu_to_cpu``, ``_copy_indices_for_buffer``). The walk starts at the
+  functions that call the allocator's copy methods, types each receiver by the path (allocator,
+  ``self._kvcache`` -> pool, a composite's ``*kv_pool`` -> NPU sub-pool, ``*mamba_pool`` ->
+  ``MambaPool``), resolves every call through the MRO of the class the deployment builds
+  (``self.m``, ``super().m``, ``Base.m(self)``) and binds it: a call that does not bind, or a
+  name no class of the MRO defines or assigns, is a ``fail`` with the caller's and the
+  callee's file:line. (The copy methods' own overrides keep the judgement above.)
+
 Live probe (imports the real sglang modules in the live child, behind the NPU simulation). The
 static graph names the classes of the deployment's path and the scheduler's calls into the
 allocator; the live probe builds that allocator over that pool on CPU with their real
@@ -76,7 +88,9 @@ sglang line that made it, the keyword, CPython's own message); a keyword dropped
 levels is a ``fail`` when the next level reads it, a ``warn`` when it only accepts it; the
 offloaded slots must come back (a copy that raises for other reasons is NPD001's, reported,
 not counted); a class that cannot be built on CPU is a ``warn`` with the reason. Both depths
-judge the same roles and classes.
+judge the same roles and classes. The calls of the static walk (``chain.py``) are bound to the
+imported classes' real signatures (``inspect.signature`` of what the real MRO resolves), so a
+helper that the exercised chain never reached is judged live too.
 
 Matters for roles that offload KV (a PD decode server: ``RoleFacts.can_offload_kv``);
 otherwise ``skip``. With no deployment, a PD decode role with an MLA and an MHA model is

@@ -31,6 +31,7 @@ from npudoctor.results import Evidence, Location, Status
 from npudoctor.signatures import names_read
 from npudoctor.source import ClassInfo, SourceTree
 
+from .chain import Chain, bind_live, chain_evidence, chain_finding, edge_location, walk
 from .static import ALLOCATOR, OFFLOAD_METHODS, _describe, _Finding, _OffloadGraph, _Path, _Site
 
 # How deep below the allocator the recorder looks for objects with offload methods:
@@ -507,6 +508,7 @@ _SLOTS = ((1, 1), (1, -1), (2, 0), (3, 3))
 # The positional arguments the scheduler passes: (indices,) and (the offloaded copy, indices).
 _POSITIONAL = {"get_cpu_copy": 1, "load_cpu_copy": 2}
 _LIVE = " (live, CPU)"
+_LIVE_BOUND = " (live: bound to the imported class's real signature)"
 
 
 @dataclass
@@ -598,6 +600,10 @@ class _LiveProbe:
             findings += outcome[0]
             passed += outcome[1]
             notes += outcome[2]
+        chain = walk(self.graph, path, hybrid)
+        chain_failures, chain_notes = self._bind_chain(chain)
+        findings += chain_failures
+        notes += chain_notes
         findings.sort(key=lambda f: -f.status.severity)
         failing = [f for f in findings if f.status is Status.FAIL]
         warning = [f for f in findings if f.status is Status.WARN]
@@ -624,7 +630,34 @@ class _LiveProbe:
             else:
                 summary = f"live on CPU: {delivered} bind and reach every level of {'; '.join(chains)}"
         evidence = [f.evidence for f in failing + warning] + [e for _, e in unrecognised] + notes + passed
+        if not chain_failures:
+            evidence += chain_evidence(chain, " (live: bound to the imported classes' signatures)")
         return Probe(status, summary, tuple(evidence), assumptions, roles)
+
+    def _bind_chain(self, chain: Chain) -> tuple[list[_Finding], list[Evidence]]:
+        """Every call of the static offload-path graph (``chain.walk``) bound to the real signature
+        the imported class the deployment builds resolves it to; the copy methods' own overrides
+        are exercised for real above."""
+        judged = {id(o.node) for o in self.graph.overrides}
+        findings, notes = [], []
+        for edge in chain.edges:
+            if edge.method in OFFLOAD_METHODS and edge.callee is not None and id(edge.callee.node) in judged:
+                continue
+            try:
+                error, _ = bind_live(edge)
+            except LookupError as reason:
+                notes.append(
+                    Evidence(
+                        f"{edge.where}: {edge.text} bound to the imported {edge.receiver.name}",
+                        f"not verified live: {reason}",
+                        edge_location(edge),
+                    )
+                )
+                continue
+            if error is not None:
+                evidence, subject, kind = chain_finding(edge, error, _LIVE_BOUND)
+                findings.append(_Finding(Status.FAIL, evidence, subject, kind))
+        return findings, notes
 
     # ----- what to build ---------------------------------------------------------------------------
     def _scenarios(self, path: _Path) -> list[tuple[ClassInfo, ClassInfo, ClassInfo | None]]:

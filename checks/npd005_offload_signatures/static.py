@@ -32,6 +32,8 @@ from npudoctor.signatures import (
 )
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
 
+from .chain import Chain, chain_evidence, chain_finding, walk
+
 POOL, ALLOCATOR = "KV pool", "allocator"
 TOP, SUB = "pool", "sub-pool"  # path levels below the allocator
 HIERARCHY_BASES = {POOL: ("KVCache",), ALLOCATOR: ("BaseTokenToKVPoolAllocator",)}
@@ -379,6 +381,8 @@ class _OffloadGraph:
                 continue  # refuses offload whatever it is passed: not a signature defect
             findings.extend(self._binding_findings(override, path))
             findings.extend(self._drop_findings(override, path))
+        chain = walk(self, path, hybrid)
+        findings.extend(self._chain_findings(chain))
         findings.sort(key=lambda f: (-f.status.severity, f.subject, f.evidence.location.line))
 
         failing = [f for f in findings if f.status is Status.FAIL]
@@ -410,8 +414,21 @@ class _OffloadGraph:
         evidence += self._caller_evidence()
         if not failing and not warning:
             evidence += self._path_evidence(path)
+            evidence += chain_evidence(chain)
         evidence += [f.evidence for f in aside]
         return Probe(status, summary, tuple(evidence), assumptions, roles)
+
+    def _chain_findings(self, chain: Chain) -> list[_Finding]:
+        """Calls on the offload path, beyond the two copy methods' own overrides (judged above),
+        that would not bind to what the deployment's class resolves them to."""
+        judged = {id(o.node) for o in self.overrides}
+        return [
+            _Finding(Status.FAIL, *chain_finding(edge))
+            for edge in chain.failing()
+            if not (
+                edge.method in OFFLOAD_METHODS and edge.callee is not None and id(edge.callee.node) in judged
+            )
+        ]
 
     def _unrecognised(self, families: list[str], path: _Path) -> list[tuple[str, Evidence]]:
         """What the probe expected to find and did not: reported, never a silent pass."""
