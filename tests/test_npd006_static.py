@@ -12,7 +12,6 @@ from conftest import (
     RELEASES,
     expected_status,
     json_report,
-    replace_text,
     result_of,
     truth_locations,
 )
@@ -113,7 +112,10 @@ def test_a_sibling_in_the_kv_table_builder_is_found(cli, release, overlay):
     text = pool.read_text()
     start = text.index("    def get_contiguous_buf_infos(self):\n        # MLA has only one kv_buffer")
     guard = text.index("        if self.index_head_dim is not None:\n            kv_data_ptrs += [", start)
-    replace_text(pool, text[guard : guard + 44], "        if True:\n")
+    guard_line = "        if self.index_head_dim is not None:\n"
+    assert text.startswith(guard_line, guard)
+    pool.unlink()  # hard-linked to the cached release: never write through the link
+    pool.write_text(text[:guard] + "        if True:\n" + text[guard + len(guard_line) :])
     result = npd006(cli, tree, DEEPSEEK_V3)
     assert result["status"] == "fail", result
     (finding,) = [e for e in result["evidence"] if "None" in e["observed"]]
