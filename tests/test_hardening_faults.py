@@ -100,7 +100,7 @@ def broken_import(release, overlay) -> Path:
     return tree
 
 
-LIVE_CHECKS = {"NPD001", "NPD002", "NPD003", "NPD005"}  # in scope for DeepSeek-V3 PD (no CP: NPD004 skips)
+LIVE_CHECKS = {"NPD001", "NPD002", "NPD003", "NPD005", "NPD006"}  # in scope for DeepSeek-V3 PD (no CP: NPD004 skips)
 INJECTED = "sglang does not import here: ImportError: injected: libfoo.so missing"
 
 
@@ -118,6 +118,7 @@ def test_sglang_that_does_not_import_keeps_the_static_result(cli, broken_import)
         "NPD003": "pass",
         "NPD004": "skip",
         "NPD005": "pass",
+        "NPD006": "fail",
     }
     for result in report["results"]:
         assert result["depth"] == "static"
@@ -184,11 +185,11 @@ def _rename_everywhere(tree: Path, old: str, new: str) -> None:
 
 LAYOUTS = {
     # mutation -> (deployment, the checks that must then say "cannot tell")
-    "NPU pool file deleted": (DEEPSEEK_PD, ("NPD001", "NPD002", "NPD005")),
-    "generic MLA pool renamed": (DEEPSEEK_32_PD, ("NPD001", "NPD002", "NPD005")),
-    "generic MHA pool renamed": (QWEN_FIA_PD, ("NPD001", "NPD002", "NPD005")),
+    "NPU pool file deleted": (DEEPSEEK_PD, ("NPD001", "NPD002", "NPD005", "NPD006")),
+    "generic MLA pool renamed": (DEEPSEEK_32_PD, ("NPD001", "NPD002", "NPD005", "NPD006")),
+    "generic MHA pool renamed": (QWEN_FIA_PD, ("NPD001", "NPD002", "NPD005", "NPD006")),
     "send_kvcache renamed": (DEEPSEEK_32_PD, ("NPD003",)),
-    "get_contiguous_buf_infos renamed": (QWEN_FIA_PD, ("NPD002",)),
+    "get_contiguous_buf_infos renamed": (QWEN_FIA_PD, ("NPD002", "NPD006")),
     "ContextParallelMetadata renamed": (QWEN_CP, ("NPD004",)),
     "do_cp_attn_fia renamed": (QWEN_CP, ("NPD004",)),
 }
@@ -280,6 +281,7 @@ def test_a_check_that_raises_is_an_error_and_the_others_run(cli, release, npd002
         "NPD003": "skip",
         "NPD004": "skip",
         "NPD005": "pass",
+        "NPD006": "pass",
     }
     assert (
         cli(*args, "--ignore", "NPD002:2999-01-01")[0] == 0
