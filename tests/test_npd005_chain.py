@@ -72,7 +72,7 @@ def test_newest_release_binds_every_call_of_the_offload_path(cli, release, kind)
     two copy methods that were bound (read from the source, so they differ per deployment)."""
     result = npd005(cli, release("0.5.23"), DEPLOYMENTS[kind])
     assert not truth_present("0.5.23", "NPD005", FAMILY[kind])
-    assert result["status"] == "pass", result
+    assert result["status"] != "fail", result  # SWA: warn, SWAKVPool drops mamba_indices= (judged as before)
     lines = chain_lines(result)
     assert len(lines) == 1, result
     assert f"Req.offload_kv_cache ({SCHEDULE_BATCH}:" in lines[0]

@@ -414,6 +414,7 @@ class _OffloadGraph:
         evidence += self._caller_evidence()
         if not failing and not warning:
             evidence += self._path_evidence(path)
+        if not self._chain_findings(chain):
             evidence += chain_evidence(chain)
         evidence += [f.evidence for f in aside]
         return Probe(status, summary, tuple(evidence), assumptions, roles)
