@@ -100,7 +100,8 @@ def test_the_replacement_reads_only_fields_the_metadata_defines(cli, subject, tm
     )
     result = result_of(json.loads(out), "NPD004")
     assert code == 0 and result["status"] == "pass", (result["summary"], err)
-    (evidence,) = result["evidence"]
+    evidence = result["evidence"][0]  # do_cp_attn_fia's; the other readers of the path follow
+    assert "do_cp_attn_fia" in evidence["location"]["symbol"]
     for field in ("total_q_prev_tokens", "actual_seq_q_prev_list", "kv_len_next_list"):
         assert f"cp_meta.{field}" in evidence["observed"]
 

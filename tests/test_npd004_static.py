@@ -164,12 +164,15 @@ def test_skips_context_parallelism_without_fia_naming_the_guard(cli, cp_gap, tmp
     assert "NotImplementedError" in result["summary"]
 
 
-def test_skips_for_an_mla_model(cli, cp_gap, tmp_path):
+def test_an_mla_model_is_judged_on_the_mla_path(cli, cp_gap, tmp_path):
+    """The cp-gap state breaks do_cp_attn_fia, which the Ascend backend calls only for non-MLA
+    models (under `not self.use_mla`): an MLA model's CP prefill walks its own readers and passes."""
     config = tmp_path / "mla-cp.yaml"
     config.write_text(deployment_text(model="models/deepseek-v3/config.json"))
     result = npd004(cli, cp_gap, "--config", config)
-    assert result["status"] == "skip"
-    assert "the model uses MLA" in result["summary"] and "not self.use_mla" in result["summary"]
+    assert result["status"] == "pass", result
+    assert "(MLA, zigzag strategy)" in result["summary"]
+    assert "do_cp_attn_fia" not in evidence_text(result)
 
 
 # ----- siblings: the property, not the diff -------------------------------------------------
@@ -217,14 +220,31 @@ def test_a_field_of_another_strategys_metadata_fails(cli, release, overlay):
     assert "InterleaveContextParallelMetadata" not in finding["expected"]
 
 
-def test_renaming_a_field_in_the_metadata_class_fails(cli, release, overlay):
-    """0.5.15: the function is unchanged; the metadata class loses the field it reads."""
+@pytest.mark.parametrize(
+    ("module", "cp_v2"),
+    [
+        # Qwen3-MoE is in 0.5.15's CP_V2_DEFAULT_MODEL_CLASSES: the zigzag strategy builds its metadata
+        ("sglang/srt/layers/cp/zigzag.py", None),
+        # SGLANG_ENABLE_CP_V2=0 keeps the model-level prepare_context_parallel_metadata (cp_utils)
+        ("sglang/srt/layers/utils/cp_utils.py", "0"),
+    ],
+)
+def test_renaming_a_field_in_the_metadata_class_fails(cli, release, overlay, tmp_path, module, cp_v2):
+    """0.5.15: the function is unchanged; the metadata class the deployment's preparation builds
+    loses the field it reads."""
     tree = overlay(release("0.5.15"))
-    cp_utils = tree / "sglang/srt/layers/utils/cp_utils.py"
-    replace_text(cp_utils, "    total_q_prev_tokens: int = 0\n", "    total_q_prev_len: int = 0\n")
+    replace_text(tree / module, "    total_q_prev_tokens: int = 0\n", "    total_q_prev_len: int = 0\n")
     line = line_of((tree / BACKEND).read_text(), "split = cp_meta.total_q_prev_tokens")
+    config = CP_PREFILL
+    if cp_v2 is not None:
+        config = tmp_path / "cp-v2-off.yaml"
+        config.write_text(
+            deployment_text().replace(
+                'env: {ASCEND_USE_FIA: "1"}', f'env: {{ASCEND_USE_FIA: "1", SGLANG_ENABLE_CP_V2: "{cp_v2}"}}'
+            )
+        )
 
-    result = npd004(cli, tree, "--config", CP_PREFILL)
+    result = npd004(cli, tree, "--config", config)
     assert result["status"] == "fail"
     finding = result["evidence"][0]
     assert finding["location"]["path"] == BACKEND and finding["location"]["line"] == line

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 
 from npudoctor.check import Check, Probe
 from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
-from npudoctor.facts import Facts, RoleFacts, role_facts
+from npudoctor.facts import AttentionKind, Facts, RoleFacts, role_facts
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import FunctionRef, SourceTree
 from npudoctor.target import Target
@@ -111,12 +111,14 @@ class ContextParallelMetadataFields(Check):
         return Probe(Status.SKIP, reason, assumptions=assumptions) if reason else None
 
     def static(self, target: Target, facts: Facts) -> Probe:
-        """Walk the FIA CP attention path of the target's source and test every metadata read."""
+        """Walk the NPU CP prefill path of the deployment's attention family (every NPU reader of CP
+        metadata: the FIA CP attention, the KV all-gather/save helper, the MLA/DSA CP code, the NPU
+        indexer, and the CP strategy methods they call) and test every metadata read on it."""
         scope = _scope(target.tree, facts)
         if isinstance(scope, Probe):
             return scope
-        entries, roles, assumptions = scope
-        return static_probe.probe(target.tree, entries, roles, assumptions)
+        entries, roles, assumptions, path = scope
+        return static_probe.probe(target.tree, entries, roles, assumptions, path)
 
     def live_imports(self) -> None:
         live_probe.import_modules()
@@ -127,10 +129,38 @@ class ContextParallelMetadataFields(Check):
         scope = _scope(target.tree, facts)
         if isinstance(scope, Probe):
             return live_probe.without_entry(scope, ENTRY_POINTS)
-        entries, roles, assumptions = scope
+        entries, roles, assumptions, path = scope
+        fia = [e for e in entries if e.name in ENTRY_POINTS]
+        if path.family not in (None, static_probe.MHA) or not fia:
+            return _not_modelled_live(path, entries, roles, assumptions)
         live_roles, more = _live_roles(facts, roles)
         assumptions += more
-        return live_probe.probe(target.tree, facts.model, entries, live_roles, roles, assumptions)
+        return live_probe.probe(target.tree, facts.model, fia, live_roles, roles, assumptions)
+
+
+def _not_modelled_live(
+    path: static_probe.PathScope,
+    entries: list[FunctionRef],
+    roles: tuple[str, ...],
+    assumptions: tuple[str, ...],
+) -> Probe:
+    """The live probe runs the FIA (MHA/GQA) CP attention; other families' CP paths are judged from
+    the source alone (the one-verdict rule then keeps the static verdict)."""
+    first = entries[0]
+    return Probe(
+        Status.WARN,
+        f"cannot tell live: npudoctor runs the FIA (MHA/GQA) CP attention on CPU, not the {path.label} "
+        "CP path; its metadata reads were checked statically",
+        (
+            Evidence(
+                expected=f"a CPU run of the {path.label} CP prefill path",
+                observed=f"not modelled live: {', '.join(e.qualname for e in entries[:6])} read statically only",
+                location=Location(first.relpath, first.line, first.qualname),
+            ),
+        ),
+        assumptions,
+        roles,
+    )
 
 
 # ----- deployment scope ------------------------------------------------------------------
@@ -142,16 +172,49 @@ def _scope(
     roles, assumptions, reason = _cp_roles(facts)
     if reason:
         return Probe(Status.SKIP, reason, assumptions=assumptions)
-    entries = [f for name in ENTRY_POINTS for f in functions_named(tree, name, under="srt")]
-    if not entries:
+    path = _path_scope(facts, roles)
+    fia = [f for name in ENTRY_POINTS for f in functions_named(tree, name, under="srt")]
+    readers = [r for r in static_probe.npu_readers(tree) if path.runs(r)]
+    entries = [*fia, *(r for r in readers if r.name not in ENTRY_POINTS)] if path.runs_fia else readers
+    if not entries or (path.family == static_probe.MHA and not fia):
         return _no_entry(tree, roles, assumptions)
 
-    gate = _call_conditions(tree)
-    roles, more, reason = _apply_conditions(facts, roles, gate)
-    assumptions += more
-    if reason:
-        return Probe(Status.SKIP, reason, assumptions=assumptions)
-    return entries, roles, assumptions
+    if path.runs_fia:
+        gate = _call_conditions(tree)
+        roles, more, reason = _apply_conditions(facts, roles, gate)
+        assumptions += more
+        if reason:
+            return Probe(Status.SKIP, reason, assumptions=assumptions)
+    return entries, roles, assumptions, path
+
+
+def _path_scope(facts: Facts, roles: tuple[str, ...]) -> static_probe.PathScope:
+    """The deployment's attention family, CP strategy and server arguments (what the walk follows)."""
+    model = facts.model if facts.described else None
+    family = None
+    if model is not None:
+        family = {
+            AttentionKind.MLA: static_probe.MLA,
+            AttentionKind.MLA_INDEXER: static_probe.MLA_INDEXER,
+        }.get(model.attention, static_probe.MHA)
+    described = [r for r in facts.roles if r.name in roles]
+    if not described:
+        return static_probe.PathScope(family, live_probe.cp_strategy_name(_assumed_role(facts)))
+    role = described[0]
+    server_args = dict(role.server_args)
+    # every name a release gives the switch that turns the CP prefill on
+    server_args.update(dict.fromkeys(CP_SWITCHES, True))
+    return static_probe.PathScope(
+        family,
+        live_probe.cp_strategy_name(role),
+        server_args,
+        model.architectures if model is not None else (),
+        dict(role.env),
+    )
+
+
+# The names releases give the prefill-CP switch (0.5.10-0.5.19, 0.5.14+, the NSA variant).
+CP_SWITCHES = ("enable_prefill_context_parallel", "enable_prefill_cp", "enable_nsa_prefill_context_parallel")
 
 
 def _cp_roles(facts: Facts) -> tuple[tuple[str, ...], tuple[str, ...], str]:
@@ -235,19 +298,10 @@ def _apply_conditions(
         )
     if not facts.described:
         return roles, tuple(assumptions), ""
-    if gate.non_mla is not None:
-        if facts.model is not None and facts.model.attention.is_mla:
-            return (
-                (),
-                tuple(assumptions),
-                f"the model uses MLA ({facts.model.attention.value}): the Ascend backend calls "
-                f"{ENTRY_POINTS[0]} only for non-MLA models (`not self.use_mla` at {gate.non_mla.path}:"
-                f"{gate.non_mla.line}); MLA CP prefill takes another path",
-            )
-        if facts.model is None:
-            assumptions.append(
-                f"no model config given: assumed a non-MLA model, the only kind {ENTRY_POINTS[0]} serves"
-            )
+    if gate.non_mla is not None and facts.model is None:
+        assumptions.append(
+            f"no model config given: assumed a non-MLA model, the only kind {ENTRY_POINTS[0]} serves"
+        )
     if gate.fia is not None and facts.roles:
         with_fia = tuple(r.name for r in facts.roles if r.name in roles and r.use_fia)
         if not with_fia:
@@ -275,6 +329,10 @@ ASSUMED_SERVER_ARGS = {
     "enable_prefill_context_parallel": True,
     "prefill_cp_mode": "in-seq-split",
 }
+
+
+def _assumed_role(facts: Facts) -> RoleFacts:
+    return role_facts("prefill (assumed)", ASSUMED_SERVER_ARGS, {"ASCEND_USE_FIA": "1"}, facts.model)
 
 
 def _live_roles(facts: Facts, names: tuple[str, ...]) -> tuple[list[RoleFacts], tuple[str, ...]]:

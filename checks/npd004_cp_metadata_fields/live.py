@@ -642,7 +642,7 @@ def _run_rank(
         if preparation.assigns:
             forward_batch.attn_cp_metadata = prepared
         metadata = forward_batch.attn_cp_metadata
-        origin, blocks = local_rows(metadata, load)
+        origin, blocks = local_rows(metadata, load, forward_batch)
     except Exception as error:
         _reraise_parallel(error)
         return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
@@ -710,13 +710,19 @@ def _caller_names(forward_batch: Any, load: Workload, dims: AttentionDims, rank:
     }
 
 
-def local_rows(metadata: Any, load: Workload) -> tuple[torch.Tensor, list[int]]:
+def local_rows(metadata: Any, load: Workload, forward_batch: Any = None) -> tuple[torch.Tensor, list[int]]:
     """The extend tokens (indices into the batch's q) that this rank holds, in its local order,
     and the zigzag block of its request each one is in: the batch's tokens split by
     ``split_list`` (``2 * cp_size`` blocks per request, request after request) and gathered by
-    ``zigzag_index``, as sglang's ``cp_split_and_rebuild_data`` / ``shard_hidden_states`` do."""
+    ``zigzag_index``, as sglang's ``cp_split_and_rebuild_data`` / ``shard_hidden_states`` do.
+    Metadata without a zigzag layout (the interleave strategy's) is sharded by the strategy's own
+    ``shard_hidden_states`` (block 0 for every row)."""
     split_list = getattr(metadata, "split_list", None)
     zigzag_index = getattr(metadata, "zigzag_index", None)
+    if (not split_list or not zigzag_index) and forward_batch is not None:
+        sharded = _strategy_rows(load, forward_batch)
+        if sharded is not None:
+            return sharded, [0] * len(sharded)
     if not split_list or not zigzag_index:
         raise CannotProbe(
             f"{type(metadata).__name__} has no zigzag layout (split_list/zigzag_index): "
@@ -730,6 +736,23 @@ def local_rows(metadata: Any, load: Workload) -> tuple[torch.Tensor, list[int]]:
     chosen = [int(i) for i in zigzag_index]
     blocks = [i % per_request for i in chosen for _ in range(len(pieces[i]))]
     return torch.cat([pieces[i] for i in chosen]), blocks
+
+
+def _strategy_rows(load: Workload, forward_batch: Any) -> torch.Tensor | None:
+    """The rows the selected CP strategy (0.5.14+ ``get_cp_strategy()``) gives this rank: its
+    ``shard_hidden_states`` applied to the batch's token numbers (pad rows dropped)."""
+    base = sys.modules.get("sglang.srt.layers.cp.base")
+    strategy = base.get_cp_strategy() if base is not None and hasattr(base, "get_cp_strategy") else None
+    shard = getattr(strategy, "shard_hidden_states", None)
+    if not callable(shard):
+        return None
+    tokens = len(load.request_of)
+    numbers = torch.arange(1, tokens + 1, dtype=torch.float32).unsqueeze(1)  # 0 marks a pad row
+    local = shard(numbers, forward_batch)
+    if not isinstance(local, torch.Tensor):
+        return None
+    rows = local.reshape(len(local), -1)[:, 0].round().long()
+    return rows[rows > 0] - 1
 
 
 def _physical_rows(metadata: Any, rank: int, logical: int) -> int:

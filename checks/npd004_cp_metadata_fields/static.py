@@ -23,6 +23,8 @@ from npudoctor.dataflow import (
     annotation_classes,
     annotation_names,
     bind_arguments,
+    called_name,
+    enclosing_tests,
     functions_named,
     imported_module,
     instance_attributes,
@@ -61,9 +63,14 @@ ValueOf = Callable[[ast.expr, dict[str, object]], Classes | None]
 
 
 def probe(
-    tree: SourceTree, entries: list[FunctionRef], roles: tuple[str, ...], assumptions: tuple[str, ...]
+    tree: SourceTree,
+    entries: list[FunctionRef],
+    roles: tuple[str, ...],
+    assumptions: tuple[str, ...],
+    path: PathScope | None = None,
 ) -> Probe:
     """Walk the CP path of every entry and test every metadata read and query split on it."""
+    path = path or PathScope()
     metadata = MetadataModel.find(tree)
     if not metadata.classes:
         first = entries[0]
@@ -84,12 +91,30 @@ def probe(
 
     evidence: list[Evidence] = []
     statuses: list[Status] = []
+    seen: set[tuple] = set()  # functions walked from an earlier entry are not walked again
+    keys: set[tuple] = set()
+    deployed, note = deployed_metadata(tree, metadata, path)
+    if note:
+        assumptions = (*assumptions, note)
     for entry in entries:
-        walk = PathWalk(tree, metadata)
+        walk = PathWalk(
+            tree,
+            metadata,
+            excluded=path.excluded,
+            server_args=path.server_args,
+            strategy=path.strategy,
+            seen=seen,
+            deployed=deployed,
+            family=path.family,
+        )
         walk.run(entry)
         status, found = _judge(tree, metadata, entry, walk)
         statuses.append(status)
-        evidence.extend(found)
+        for item in found:  # a read reached from several entries is one finding
+            key = (item.location, item.expected)
+            if item.location is None or key not in keys:
+                keys.add(key)
+                evidence.append(item)
     evidence.extend(metadata.notes)
 
     if Status.FAIL in statuses:
@@ -103,14 +128,185 @@ def probe(
             )
         if any(e.expected.startswith(_SPLIT_EXPECTED) for e in evidence):
             parts.append("splits q at a fixed midpoint: wrong attention for a batch of several requests")
-        summary = "the FIA context-parallel attention path " + "; ".join(parts)
+        if any(e.expected.startswith(_RAISE_EXPECTED) for e in evidence):
+            parts.append(
+                f"runs a step the {path.strategy or 'selected'} CP strategy does not implement "
+                "(raises NotImplementedError at the first CP prefill)"
+            )
+        summary = f"the NPU context-parallel prefill path ({path.label}) " + "; ".join(parts)
     elif Status.WARN in statuses:
         status = Status.WARN
-        summary = "cannot tell whether the FIA context-parallel path reads only defined metadata fields"
+        summary = f"cannot tell whether the NPU context-parallel prefill path ({path.label}) reads only defined metadata fields"
     else:
         status = Status.PASS
-        summary = "the FIA context-parallel attention path reads only fields its CP metadata classes define"
+        summary = f"the NPU context-parallel prefill path ({path.label}) reads only fields its CP metadata classes define"
     return Probe(status, summary, tuple(evidence), assumptions, roles)
+
+
+# ----- which readers run for the deployment --------------------------------------------------
+# Attention families of a deployment, as npudoctor.facts.AttentionKind names them (MHA and GQA share one path).
+MHA, MLA, MLA_INDEXER = "mha", "mla", "mla+indexer"
+FAMILIES = (MHA, MLA, MLA_INDEXER)
+# NPU files: the readers of CP metadata on the Ascend prefill path live there.
+NPU_PATH = re.compile(r"(?i)npu|ascend")
+# What a reader's name (qualified name and file) says it serves: DeepSeek-V4's own backend; the FIA
+# (non-MLA) CP attention; the DSA/NSA sparse attention and its indexer (MLA with an indexer).
+OTHER_MODEL = re.compile(r"(?i)dsv4|deepseekv4")
+MHA_ONLY = ("do_cp_attn_fia",)
+INDEXER_ONLY = re.compile(r"(?i)dsa|nsa|indexer|sparse|sparsity|balance")
+# What makes a function a reader: it names a metadata field or asks for the CP strategy.
+_READER_NEEDLES = ("get_cp_strategy",)
+
+
+def reader_families(ref: FunctionRef) -> frozenset[str]:
+    """The attention families whose CP prefill runs ``ref`` (by what its name and file say)."""
+    text = f"{ref.relpath} {ref.qualname}"
+    if OTHER_MODEL.search(text):
+        return frozenset({"dsv4"})
+    if ref.name in MHA_ONLY:
+        return frozenset({MHA})
+    if INDEXER_ONLY.search(text):
+        return frozenset({MLA_INDEXER})
+    return frozenset(FAMILIES)
+
+
+def npu_readers(tree: SourceTree) -> list[FunctionRef]:
+    """Every NPU function (module-level or method) that names a CP metadata field of the batch or
+    asks for the CP strategy: the entries of the NPU CP prefill path (attention backend CP
+    functions, the KV all-gather/save helper, the MLA/DSA CP code, the NPU indexer)."""
+    from npudoctor.dataflow import functions_in
+
+    metadata = MetadataModel.find(tree)
+    needles = (
+        tuple(metadata.fields) + _READER_NEEDLES if metadata.classes else (DEFAULT_FIELD, *_READER_NEEDLES)
+    )
+    found: list[FunctionRef] = []
+    for path in tree.files_containing("cp", under="srt"):
+        if not NPU_PATH.search(tree.relpath(path)):
+            continue
+        text = tree.read(path)
+        if not any(n.encode() in text for n in needles):
+            continue
+        for ref in functions_in(tree, path):
+            if ref.outer is not None:
+                continue
+            names = (
+                {n.attr for n in ast.walk(ref.node) if isinstance(n, ast.Attribute)}
+                | {n.id for n in ast.walk(ref.node) if isinstance(n, ast.Name)}
+                | {
+                    n.value
+                    for n in ast.walk(ref.node)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                }
+            )
+            if any(n in names for n in needles):
+                found.append(ref)
+    # a reader another reader calls is reached through that call, under the tests around it (which
+    # decide whether the deployment takes it); the readers nothing here calls are the entries
+    called = {called_name(node) for ref in found for node in ast.walk(ref.node) if isinstance(node, ast.Call)}
+    return [ref for ref in found if ref.name not in called]
+
+
+@dataclass
+class PathScope:
+    """What part of the NPU CP path a deployment runs: its attention family, its CP strategy and
+    its server arguments (None: not described, follow everything)."""
+
+    family: str | None = None
+    strategy: str | None = None
+    server_args: dict[str, object] | None = None
+    architectures: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        family = {MHA: "MHA/GQA with FIA", MLA: "MLA", MLA_INDEXER: "MLA with the DSA/NSA indexer"}.get(
+            self.family or "", "every attention family"
+        )
+        return f"{family}, {self.strategy} strategy" if self.strategy else family
+
+    @property
+    def runs_fia(self) -> bool:
+        """The family runs the FIA (non-MLA) CP attention."""
+        return self.family in (None, MHA)
+
+    def runs(self, ref: FunctionRef) -> bool:
+        families = reader_families(ref)
+        return self.family is None or self.family in families
+
+    def excluded(self, ref: FunctionRef) -> bool:
+        return not self.runs(ref)
+
+
+# sglang's list of model classes that run the CP-v2 (strategy) preparation by default (0.5.14-0.5.19),
+# and the switch that turns it on for every model.
+CP_V2_MODELS = "CP_V2_DEFAULT_MODEL_CLASSES"
+CP_V2_SWITCH = "SGLANG_ENABLE_CP_V2"
+
+
+def deployed_metadata(
+    tree: SourceTree, metadata: MetadataModel, path: PathScope
+) -> tuple[set[ClassInfo], str]:
+    """The metadata classes the deployment's CP preparation builds, and how that was decided.
+    The strategy classes (``ZigzagCPStrategy``...) build their own metadata class; a release that
+    still has the model-level preparation runs it for models outside ``CP_V2_DEFAULT_MODEL_CLASSES``
+    (unless ``SGLANG_ENABLE_CP_V2`` is set), and that one builds the classes no strategy builds."""
+    if not path.strategy or not metadata.classes:
+        return set(), ""
+    strategies = [
+        c
+        for path_ in tree.files_containing("Strategy", under="srt")
+        if b"class " in tree.read(path_) and b"Strategy" in tree.read(path_)
+        for c in tree.classes_in(path_)
+        if c.name.endswith("Strategy") and any(m in c.methods for m in ("build_metadata", "run_attention"))
+    ]
+    if not strategies:
+        return set(), ""
+    walk = PathWalk(tree, metadata)
+    built = {c.name: walk._built_by(c) for c in strategies}
+    chosen = [c for c in strategies if c.name.lower().startswith(path.strategy.lower())]
+    by_strategy: set[ClassInfo] = set().union(*built.values()) if built else set()
+    legacy = {c for c in metadata.classes if c not in by_strategy and c.name == METADATA_SUFFIX}
+    listed, where = _cp_v2_models(tree)
+    v2 = True
+    reason = ""
+    if listed is not None and legacy:
+        switch = path.env.get(CP_V2_SWITCH)
+        switched = switch is not None and str(switch).lower() in ("1", "true", "yes", "on")
+        v2 = switched if switch is not None else any(a in listed for a in path.architectures)
+        reason = (
+            f"{CP_V2_SWITCH}={switch}"
+            if switch is not None
+            else f"{'/'.join(path.architectures) or 'the model'} is {'' if v2 else 'not '}in {CP_V2_MODELS} ({where})"
+        )
+    if not v2:
+        return legacy, f"static: the CP metadata is the model-level {METADATA_SUFFIX} ({reason})"
+    classes = set().union(*(built[c.name] for c in chosen)) if chosen else set()
+    if not classes:
+        return set(), ""
+    names = ", ".join(sorted(c.name for c in classes))
+    return classes, (
+        f"static: the {path.strategy} CP strategy builds {names}; reads of the batch's CP metadata are "
+        f"checked against {'it' if len(classes) == 1 else 'them'}" + (f" ({reason})" if reason else "")
+    )
+
+
+def _cp_v2_models(tree: SourceTree) -> tuple[set[str] | None, str]:
+    for path in tree.files_containing(CP_V2_MODELS, under="srt"):
+        module = tree.parse(path)
+        if module is None:
+            continue
+        for stmt in module.body:
+            if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == CP_V2_MODELS for t in stmt.targets
+            ):
+                names = {
+                    n.value
+                    for n in ast.walk(stmt.value)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                }
+                return names, f"{tree.relpath(path)}:{stmt.lineno}"
+    return None, ""
 
 
 # ----- metadata classes ------------------------------------------------------------------
@@ -208,6 +404,17 @@ class Split:
     text: str
 
 
+@dataclass(frozen=True)
+class Raise:
+    """A function on the path whose body does nothing but raise (a strategy that does not
+    implement a step of the path): the first CP prefill raises there."""
+
+    function: FunctionRef
+    line: int
+    text: str
+    caller: str
+
+
 @dataclass
 class PathWalk:
     """The functions on one entry's CP path and what they do with the metadata and the query."""
@@ -220,12 +427,27 @@ class PathWalk:
     stored: set[str] = field(default_factory=set)
     unresolved: list[str] = field(default_factory=list)
     delegations: list[str] = field(default_factory=list)
+    # functions not followed: readers that serve another attention family than the deployment's
+    excluded: Callable[[FunctionRef], bool] = lambda ref: False
+    # the role's server arguments, where a deployment is described: a call under ``if self.enable_x``
+    # whose ``enable_x`` the role does not set runs on another deployment's path and is not followed
+    server_args: dict[str, object] | None = None
+    skipped: list[str] = field(default_factory=list)
+    raises: list[Raise] = field(default_factory=list)
+    # the deployment's CP strategy (``zigzag``, ``interleave``): virtual calls on a strategy go to
+    # the classes named after it only; None follows every strategy class
+    strategy: str | None = None
+    seen: set[tuple] = field(default_factory=set)
+    family: str | None = None
+    # the metadata classes the deployment's preparation builds (its CP strategy's, or the legacy
+    # one): reads outside a strategy class are checked against these; empty: every reaching class
+    deployed: set[ClassInfo] = field(default_factory=set)
 
     def run(self, entry: FunctionRef) -> None:
         stack: list[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str], int]] = [
             (entry, entry.owner, {}, frozenset(), 0)
         ]
-        seen: set[tuple] = set()
+        seen = self.seen
         while stack and len(self.functions) < MAX_FUNCTIONS:
             ref, self_cls, seeds, carriers, depth = stack.pop()
             key = (id(ref.node), id(self_cls), tuple(sorted(seeds)), carriers)
@@ -248,7 +470,7 @@ class PathWalk:
     ) -> Iterator[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str]]]:
         """Record what ``ref`` reads and stores on the metadata and how it splits the query; yield
         the functions its calls pass the batch or the metadata to, with what they receive."""
-        value_of = self._metadata_values(self._built_by(self_cls))
+        value_of = self._metadata_values(self._built_by(self_cls), self.deployed)
         seeds = self._declared_seeds(ref, seeds)
         carriers = self._carriers(ref, carriers)
         known = aliases(ref.node, seeds, value_of)
@@ -280,22 +502,26 @@ class PathWalk:
             or any(_snake(n.rpartition(".")[2]) in metadata.owners for n in annotation_names(p.annotation))
         }
 
-    def _metadata_values(self, narrowed: set[ClassInfo]) -> ValueOf:
+    def _metadata_values(self, narrowed: set[ClassInfo], deployed: set[ClassInfo] = frozenset()) -> ValueOf:
         """Which metadata classes an expression holds: a metadata field (``<x>.attn_cp_metadata``,
         ``getattr(<x>, "attn_cp_metadata")``) or a known name; narrowed to the classes a strategy
         builds (``narrowed``) where any of them can be there."""
         metadata = self.metadata
 
-        def narrow(classes: Classes) -> Classes:
+        def narrow(classes: Classes, name: str) -> Classes:
             if narrowed:
                 kept = tuple(c for c in classes if c in narrowed)
                 if kept:
                     return kept
+            if deployed and name == DEFAULT_FIELD:
+                # what the deployment's preparation stores there, whatever the field's declaration
+                # says (0.5.14-0.5.19 declare the model-level class, CP-v2 stores the strategy's)
+                return tuple(sorted(deployed, key=lambda c: c.name))
             return classes
 
         def value_of(expr: ast.expr, known: dict[str, object]) -> Classes | None:
             if isinstance(expr, ast.Attribute) and expr.attr in metadata.fields:
-                return narrow(metadata.fields[expr.attr])
+                return narrow(metadata.fields[expr.attr], expr.attr)
             if isinstance(expr, ast.Name) and expr.id in known:
                 return known[expr.id]  # type: ignore[return-value]
             if (
@@ -306,7 +532,7 @@ class PathWalk:
                 and isinstance(expr.args[1], ast.Constant)
                 and expr.args[1].value in metadata.fields
             ):
-                return narrow(metadata.fields[expr.args[1].value])
+                return narrow(metadata.fields[expr.args[1].value], expr.args[1].value)
             return None
 
         return value_of
@@ -376,15 +602,65 @@ class PathWalk:
                 continue
             targets = self._resolve(ref, self_cls, node)
             if targets is None:
-                self.unresolved.append(f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}")
+                if not self._off_path(ref, node):
+                    self.unresolved.append(f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}")
+                continue
+            if self._off_path(ref, node):
                 continue
             for callee, callee_self, bound_receiver in targets:
+                if self.excluded(callee):
+                    self.skipped.append(f"{callee.qualname} ({callee.where()})")
+                    continue
+                raised = _raises_only(callee)
+                if raised is not None:
+                    self.raises.append(
+                        Raise(
+                            callee,
+                            raised.lineno,
+                            ast.unparse(raised),
+                            f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}",
+                        )
+                    )
                 if callee.owner is not None and callee.owner is not ref.owner:
                     self.delegations.append(f"{ast.unparse(node.func)} -> {callee}")
                 callee_seeds, callee_carriers = _received(
                     callee, node, bound_receiver, known, carriers, value_of
                 )
                 yield callee, callee_self, callee_seeds, callee_carriers
+
+    def _off_path(self, ref: FunctionRef, call: ast.Call) -> bool:
+        """``call`` sits under ``if <x>.enable_<feature>`` and the described role does not enable that
+        feature (e.g. ``enable_sparsity_driven_kv_offload``): not the deployment's path."""
+        for test, taken in enclosing_tests(ref.node, call):
+            text = ast.unparse(test.test)
+            if self.family is not None and re.fullmatch(r"(not )?self\.use_mla", text):
+                mla_branch = taken != text.startswith("not ")
+                if mla_branch != (self.family in (MLA, MLA_INDEXER)):
+                    self.skipped.append(
+                        f"calls under `{text}` ({ref.where(test.lineno)}): another attention family"
+                    )
+                    return True
+        if self.server_args is None:
+            return False
+        for test, taken in enclosing_tests(ref.node, call):
+            for node in ast.walk(test.test):
+                name = (
+                    node.attr
+                    if isinstance(node, ast.Attribute)
+                    else node.id
+                    if isinstance(node, ast.Name)
+                    else ""
+                )
+                if not name.startswith("enable_") or not taken:
+                    continue
+                if ast.unparse(test.test).startswith("not "):
+                    continue
+                if not self.server_args.get(name):
+                    self.skipped.append(
+                        f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): not enabled"
+                    )
+                    return True
+        return False
 
     def _built_by(self, self_cls: ClassInfo | None) -> set[ClassInfo]:
         """The metadata classes a strategy class builds (any method of its MRO that returns one)."""
@@ -418,7 +694,7 @@ class PathWalk:
                 if inner is not None:
                     return [(inner, self_cls, False)]
                 scope = scope.outer
-            found = module_function(tree, ref.path, func.id)
+            found = module_function(tree, ref.path, func.id) or _locally_imported(ref, func.id)
             if found is not None:
                 return [(found, None, False)]
             if is_external_name(tree, ref.path, func.id) or tree.resolve_class(ref.path, func.id) is not None:
@@ -427,7 +703,7 @@ class PathWalk:
         if not isinstance(func, ast.Attribute):
             return None
         receiver, method = func.value, func.attr
-        if _is_name(receiver, "self") and self_cls is not None:
+        if (_is_name(receiver, "self") or _is_name(receiver, "cls")) and self_cls is not None:
             found = _method_of(tree, self_cls, method)
             return None if found is None else [(found, self_cls, True)]
         if (
@@ -443,6 +719,11 @@ class PathWalk:
             root = root.value
         if isinstance(root, ast.Name) and root.id != "self" and is_external_name(tree, ref.path, root.id):
             return []
+        if isinstance(receiver, ast.Name) and receiver.id not in {p.arg for p in ref.parameters}:
+            klass = tree.resolve_class(ref.path, receiver.id)
+            if klass is not None and receiver.id[:1].isupper():  # Class.method(...): class/static method
+                found = _method_of(tree, klass, method)
+                return None if found is None else [(found, klass, True)]
         if isinstance(receiver, ast.Name):
             module = imported_module(tree, ref.path, receiver.id)
             if module is not None:
@@ -461,6 +742,11 @@ class PathWalk:
                 found = _method_of(tree, impl, method)
                 if found is not None:
                     targets.append((found, impl, True))
+        # the deployment's strategy class only, where the classes are named after strategies
+        if self.strategy:
+            chosen = [t for t in targets if t[1].name.lower().startswith(self.strategy.lower())]
+            if chosen:
+                targets = chosen
         return targets or None
 
 
@@ -539,6 +825,42 @@ def _query_splits(ref: FunctionRef) -> list[Split]:
     return found
 
 
+def _locally_imported(ref: FunctionRef, name: str) -> FunctionRef | None:
+    """A function ``ref`` imports inside its own body (``from sglang.x import f`` in a function)."""
+    tree = ref.tree
+    scope: FunctionRef | None = ref
+    while scope is not None:
+        for node in ast.walk(scope.node):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        target = tree.module_path(tree.absolute_module(ref.path, node))
+                        if target is not None:
+                            return module_function(tree, target, alias.name)
+        scope = scope.outer
+    return None
+
+
+def _raises_only(ref: FunctionRef) -> ast.Raise | None:
+    """The ``raise NotImplementedError`` that is the whole body of ``ref`` (after its docstring)."""
+    body = [
+        s
+        for s in ref.node.body
+        if not (
+            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+        )
+    ]
+    abstract = any(ast.unparse(d).endswith("abstractmethod") for d in ref.node.decorator_list)
+    if (
+        not abstract
+        and len(body) == 1
+        and isinstance(body[0], ast.Raise)
+        and "NotImplementedError" in ast.unparse(body[0])
+    ):
+        return body[0]
+    return None
+
+
 def _is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
@@ -549,6 +871,7 @@ def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
 
 # ----- verdict ---------------------------------------------------------------------------
 _SPLIT_EXPECTED = "q split per request"
+_RAISE_EXPECTED = "every step of the CP prefill implemented by the deployment's CP strategy"
 
 
 def _judge(
@@ -616,6 +939,17 @@ def _judge(
                 )
             )
 
+    for raised in dict.fromkeys(walk.raises):
+        failed = True
+        evidence.append(
+            Evidence(
+                expected=f"{_RAISE_EXPECTED}: {raised.function.qualname}, called by {raised.caller}, "
+                "to implement its step of the CP prefill",
+                observed=f"{raised.function.qualname} ({raised.function.where()}) only does `{raised.text}` "
+                f"(at {raised.function.where(raised.line)}): the first CP prefill on this path raises there",
+                location=Location(raised.function.relpath, raised.line, raised.function.qualname),
+            )
+        )
     if walk.unresolved:
         uncertain = True
         evidence.append(
