@@ -81,11 +81,14 @@ def test_live_only_failure_is_fail_and_exit_1(cli, release):
     assert (result["status"], result["depth"]) == ("fail", "live"), result
     assert "IndexError" in result["evidence"][0]["observed"]
     assert result["evidence"][0]["location"]["path"] == "sglang/srt/mem_cache/memory_pool.py"
-    assert any("static depth: pass" in a for a in result["assumptions"])
-    # the static probe alone misses it (the gap the note names; issue 12 widens the static probe)
+    # issue 12 closed the static gap: the static probe alone now sees the page-major view the
+    # inherited get_cpu_copy indexes with token slots (mem_cache/memory_pool.py:992), so no note
+    assert not any("static depth: pass" in a for a in result["assumptions"])
     code, out, _ = cli("check", "-f", "json", "--sglang-path", release("0.5.12"), "--config", MHA_PD,
                        "--depth", "static", "--select", "NPD001")  # fmt: skip
-    assert (code, result_of(json.loads(out), "NPD001")["status"]) == (0, "pass")
+    static = result_of(json.loads(out), "NPD001")
+    assert (code, static["status"]) == (1, "fail")
+    assert "sglang/srt/mem_cache/memory_pool.py:992" in json.dumps(static["evidence"])
 
 
 @pytest.mark.slow
