@@ -57,6 +57,7 @@ class Access:
     line: int
     text: str
     view: Any
+    taken_at: str | None = None  # where the view was taken (``.view``/``.reshape``/``.flatten``), if one was
 
     @property
     def where(self) -> str:
@@ -88,6 +89,7 @@ class OffloadEvaluator(LayoutEvaluator):
         super().__init__(tree, cls, env, params)
         self.accesses: list[Access] = []
         self._seen: set[tuple[int, str]] = set()
+        self._taken: dict[Tensor, str] = {}  # view -> file:line of the call that took it
 
     def run_copy(self, name: str) -> FunctionRef | None:
         method = self.tree.lookup(self.mro, name)
@@ -193,10 +195,14 @@ class OffloadEvaluator(LayoutEvaluator):
             receiver = self._eval(func.value, env, method)
             if receiver is None:
                 return None
+            view = UNKNOWN
             if isinstance(receiver, Tensor) and func.attr in ("view", "reshape") and node.args:
-                return _view(receiver, node.args, [self._eval(a, env, method) for a in node.args])
-            if isinstance(receiver, Tensor) and func.attr == "flatten":
-                return _flatten(receiver, [self._eval(a, env, method) for a in node.args])
+                view = _view(receiver, node.args, [self._eval(a, env, method) for a in node.args])
+            elif isinstance(receiver, Tensor) and func.attr == "flatten":
+                view = _flatten(receiver, [self._eval(a, env, method) for a in node.args])
+            if isinstance(view, Tensor):
+                self._taken[view] = f"{method.relpath}:{node.lineno}"
+                return view
         result = super()._eval_call(node, env, method)
         if (
             isinstance(func, ast.Attribute)
@@ -212,7 +218,8 @@ class OffloadEvaluator(LayoutEvaluator):
         if key in self._seen:
             return
         self._seen.add(key)
-        self.accesses.append(Access(method, node.lineno, ast.unparse(node), base))
+        taken = self._taken.get(base) if isinstance(base, Tensor) else None
+        self.accesses.append(Access(method, node.lineno, ast.unparse(node), base, taken))
 
 
 def _items(seq: Seq) -> list[Any]:

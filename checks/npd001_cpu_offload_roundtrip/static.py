@@ -191,6 +191,17 @@ def layout_params(facts: Facts, role: RoleFacts) -> dict:
     return params
 
 
+def _consequence(view: Tensor, slots: Sym | None) -> str:
+    """What torch does with such a view when sglang indexes it with token slots."""
+    rows = view.shape[0]
+    if slots is not None and rows.is_integral() and (slots / rows).is_integral():
+        return (
+            f" ({slots / rows} token slots per row: IndexError for a slot past the first rows, "
+            "whole wrong rows below)"
+        )
+    return " (rows straddle tokens: torch refuses the view, RuntimeError, or copies other bytes)"
+
+
 def _conditions(facts: Facts, role: RoleFacts) -> str:
     model = facts.model
     parts = [f"{role.name}: {FIA_ENV}={'1' if role.use_fia else '0'}"]
@@ -231,13 +242,15 @@ def _layout_problems(
                         ),
                         observed=(
                             f"{method.qualname} ({method.where()}) indexes `{access.text}` ({access.where}) "
-                            f"on a view of shape {describe(access.view)}: its rows are "
+                            f"on a view of shape {describe(access.view)}"
+                            + (f" (taken at {access.taken_at})" if access.taken_at else "")
+                            + ": its rows are "
                             + (
                                 f"{access.view.shape[0]}, not the {slots} token slots"
                                 if slots
                                 else "not token slots"
                             )
-                            + " (IndexError past the first rows, other elements below)"
+                            + _consequence(access.view, slots)
                         ),
                         location=Location(access.method.relpath, access.line, access.method.qualname),
                     ),
