@@ -99,7 +99,13 @@ def run_alone(node: ast.FunctionDef, filename: str, names: dict | None = None):
     node.decorator_list = []
     node.returns = None
     arguments = node.args
-    for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]:
+    for arg in [
+        *arguments.posonlyargs,
+        *arguments.args,
+        *arguments.kwonlyargs,
+        arguments.vararg,
+        arguments.kwarg,
+    ]:
         if arg is not None:
             arg.annotation = None
     module = ast.Module(body=[node], type_ignores=[])
@@ -128,9 +134,13 @@ def stage_ranges(tree: SourceTree, split: Split) -> tuple[list[tuple[int, int]],
     os_stand_in = types.SimpleNamespace(getenv=lambda name, default=None: env.get(name, default), environ=env)
     function = run_alone(node, path, {"os": os_stand_in})
     try:
-        ranges = [tuple(function(split.num_layers, rank, split.prefill_pp)) for rank in range(split.prefill_pp)]
+        ranges = [
+            tuple(function(split.num_layers, rank, split.prefill_pp)) for rank in range(split.prefill_pp)
+        ]
     except Exception as error:
-        raise CannotEvaluate(f"get_pp_indices ({relpath}:{node.lineno}) raised {type(error).__name__}: {error}")
+        raise CannotEvaluate(
+            f"get_pp_indices ({relpath}:{node.lineno}) raised {type(error).__name__}: {error}"
+        ) from error
     return ranges, f"{relpath}:{node.lineno}"
 
 

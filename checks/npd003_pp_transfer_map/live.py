@@ -468,12 +468,25 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
     given["disaggregation_mode"] = role.disaggregation_mode
     saved = [(part, _state_of(part)) for part in _context_parts(context)]
     try:
-        context.set_server_args(server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given))
+        server_args = server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given)
+        if model is not None:
+            _memoise_model_config(server_args, liveprocess.served_model_config(model))
+        context.set_server_args(server_args)
         return call()
     finally:
         for part, state in saved:
             for name, value in state.items():
                 setattr(part, name, value)
+
+
+def _memoise_model_config(server_args: Any, config: Any) -> None:
+    """The served model's config where sglang memoises it on the server args: ``model_config``
+    (``ServerArgs.get_model_config``, up to 0.5.19) and ``_model_config`` (``model_config_of``,
+    0.5.20+), so code asking for the process's model config (``process_model_config``) gets the
+    deployment's model instead of reading ``config.json`` from the probe's model path."""
+    for name in ("model_config", "_model_config"):
+        with contextlib.suppress(AttributeError, TypeError):  # a record that takes no such attribute
+            setattr(server_args, name, config)
 
 
 def _context_parts(context: Any) -> list[Any]:
@@ -512,6 +525,17 @@ def _traced(path: list[Step]) -> Iterator[None]:
         if where and "/disaggregation/" in where and not code.co_name.startswith("<"):
             name = getattr(code, "co_qualname", code.co_name)
             path.append(Step(name, Location(where, code.co_firstlineno, name)))
+        elif str(frame.f_globals.get("__name__", "")).startswith("npudoctor.fixes."):  # a runtime fix
+            module = frame.f_globals["__name__"]
+            name = f"{code.co_name} (npudoctor fix {module.rsplit('.', 1)[-1]})"
+            path.append(
+                Step(
+                    name,
+                    Location(
+                        f"npudoctor/fixes/{module.rsplit('.', 1)[-1]}.py", code.co_firstlineno, code.co_name
+                    ),
+                )
+            )
 
     previous = sys.getprofile()
     sys.setprofile(profile)

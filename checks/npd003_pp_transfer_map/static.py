@@ -91,7 +91,7 @@ def _family_findings(
     else:
         finding = _mha_splitter_finding(splitter, text, branch_at, where)
         if finding[0] is Status.PASS and split is not None:
-            return _mha_arithmetic(tree, splitter, split, branch_at)
+            return _mha_arithmetic(tree, splitter, split, call_at)
     return _with_draft_layers(finding, family, splitter, text, draft_layers)
 
 
@@ -201,7 +201,7 @@ def _mha_splitter_finding(
 
 
 def _mha_arithmetic(
-    tree: SourceTree, splitter: FunctionRef, split: Split, branch_at: str
+    tree: SourceTree, splitter: FunctionRef, split: Split, call_at: str
 ) -> list[tuple[Status, Evidence]]:
     """Per prefill stage: the release's MHA splitter run on the deployment's layer split (the
     stage's layers from the release's ``get_pp_indices``); fail where a K/V buffer would land in
@@ -214,7 +214,9 @@ def _mha_arithmetic(
         ))]  # fmt: skip
     try:
         ranges, partition_at = arithmetic.stage_ranges(tree, split)
-        outcomes = [arithmetic.mha_stage(splitter, split, stage, *layers) for stage, layers in enumerate(ranges)]
+        outcomes = [
+            arithmetic.mha_stage(splitter, split, stage, *layers) for stage, layers in enumerate(ranges)
+        ]
     except CannotEvaluate as error:
         return [(Status.WARN, Evidence(
             expected="the MHA splitter's layer arithmetic evaluated for the deployment's PP split",
@@ -233,7 +235,7 @@ def _mha_arithmetic(
         line = arithmetic.assignment_line(splitter, outcome, "dst_v_ptrs")
         taken = f"{splitter.relpath}:{line}" if line else splitter.where()
         how = (
-            f"{splitter.qualname} ({splitter.where()}, called at {branch_at}) on the split from "
+            f"{splitter.qualname} ({splitter.where()}, called at {call_at}) on the split from "
             f"get_pp_indices ({partition_at}) of {split.num_layers} layers over PP {split.prefill_pp}; "
             f"V destinations from {taken} (static, evaluated)"
         )
