@@ -9,11 +9,22 @@ offload methods of its own: it inherited ``MLATokenToKVPool.get_cpu_copy``, whic
 The first retraction crashed the decode instance with ``AttributeError``
 (https://github.com/sgl-project/sglang/pull/25249).
 
+Siblings of the same property: the NPU MHA pool without ``ASCEND_USE_FIA`` keeps page-major
+buffers ``(layers, pages, page_size, heads, dim)`` and up to 0.5.12 inherits
+``MHATokenToKVPool.get_cpu_copy``, which indexes them with token slots (``IndexError``; the
+Ascend pools of 0.4.10-0.5.6 the same, FIA or not); from 0.5.14 through 0.5.23 the NPU MHA
+pool's own override views ``v_buffer`` with ``head_dim`` although it is allocated with
+``v_head_dim`` (MiMo-V2-Flash, 192/128: ``RuntimeError`` or other bytes).
+
 Static probe (the property, not the diff): for every NPU pool class of the
 deployment's attention family, the ``get_cpu_copy``/``load_cpu_copy`` the class resolves
-to through its MRO must not be an abstract stub and must read only attributes that
-building that class assigns (following ``__init__``, ``super()`` and helper calls the
-way Python runs them) or that its classes define.
+to through its MRO must not be an abstract stub, must read only attributes that building
+that class assigns (following ``__init__``, ``super()`` and helper calls the way Python
+runs them) or that its classes define, and must index every buffer with the request's token
+slots through a view whose rows are token slots: the pool is built on symbols for the decode
+role (its ``ASCEND_USE_FIA``, the model's heads and head dims; ``layout.py``), the copy methods
+run with the token slots followed through slicing and helpers, and each indexed view's first
+dimension is compared with its storage's token-slot count.
 
 Live probe: build each NPU pool of the family for the decode role on CPU (the role's
 layers, heads, head dims, page size; a few pages), fill every KV buffer with random
@@ -41,13 +52,17 @@ class CpuOffloadRoundTrip(Check):
     upstream = ("https://github.com/sgl-project/sglang/pull/25249",)
     why = (
         "A PD decode server under KV-cache pressure retracts requests and offloads their KV to "
-        "CPU. If the NPU pool's offload methods read buffers the pool never creates, the decode "
-        "instance dies with AttributeError at its first retraction, hours after launch."
+        "CPU. If the NPU pool's offload methods read buffers the pool never creates, or index its "
+        "page-major buffers (or a V view of the wrong head dim) with token slots, the decode instance "
+        "dies with AttributeError/IndexError/RuntimeError at its first retraction, hours after launch, "
+        "or reloads other bytes than it saved."
     )
     bites_when = (
         "Disaggregated decode role (--disaggregation-mode decode) on Ascend, when the KV cache "
-        "fills up and the scheduler retracts a request. MLA models (DeepSeek, GLM, Kimi) in the "
-        "known releases; any NPU pool whose offload methods do not match its buffers."
+        "fills up and the scheduler retracts a request. MLA models (DeepSeek, GLM, Kimi) up to 0.5.12; "
+        "MHA/GQA models without ASCEND_USE_FIA (page-major pool) up to 0.5.12; MHA with v_head_dim != "
+        "head_dim (MiMo-V2-Flash) from 0.5.14 through 0.5.23; any NPU pool whose offload methods do not "
+        "address its buffers by token."
     )
     how_to_fix = (
         "apply the npudoctor runtime override for NPD001 (the NPU pools copy per layer through "
