@@ -643,8 +643,7 @@ def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: Rol
     finally:
         probe.decode_side = None
         gc.collect()
-    outcome.findings.extend(probe.bootstrap_findings())
-    outcome.crashes = sorted({type(error).__name__ for error in probe.bootstrap_errors.values()})
+    outcome.notes.extend(probe.bootstrap_notes())
     outcome.summary = f"{kind} " + ", ".join(results)
     return outcome
 
@@ -658,12 +657,6 @@ def _cannot_build(cls: type, error: Exception) -> Evidence:
 
 def _live_summary(worst: Status, outcomes: list[_FamilyOutcome]) -> str:
     text = "; ".join(outcome.summary for outcome in outcomes)
-    crashes = sorted({c for outcome in outcomes for c in outcome.crashes})
-    if crashes:
-        text += (
-            f"; note: sglang's PD bootstrap itself raised ({', '.join(crashes)}) before any "
-            "transfer, a defect outside NPD003 (see evidence)"
-        )
     if worst is Status.FAIL:
         return f"PP prefill stages send KV into other layers' or kinds' buffers on decode (live): {text}"
     if worst is Status.WARN:
@@ -682,22 +675,16 @@ class _StageProbe:
         self.decode_side: Side | None = None
         self.bootstrap_errors: dict[str, BaseException] = {}  # first per role
 
-    def bootstrap_findings(self) -> list[tuple[Status, Evidence]]:
-        """sglang's PD bootstrap raising while it registers *state* buffers: reported as observed,
-        but outside NPD003's property (state buffers do not go through ``send_kvcache``)."""
-        findings = []
-        for role, error in self.bootstrap_errors.items():
-            raised = exception_evidence("", error)
-            evidence = Evidence(
-                expected=(
-                    f"sglang's PD bootstrap ({role}: setup_state_kv_args) registers the pools' buffers; outside "
-                    "NPD003, whose KV mapping was then probed with the pool reporting no state buffers"
-                ),
-                observed=f"{raised.observed}: this deployment's {role} fails before any transfer",
-                location=raised.location,
-            )
-            findings.append((Status.PASS, evidence))
-        return findings
+    def bootstrap_notes(self) -> list[str]:
+        """sglang's PD bootstrap raising while it registers *state* buffers (0.5.12's NPU MLA pool
+        without an indexer) is NPD006's finding, not NPD003's: state buffers do not go through
+        ``send_kvcache``. The KV mapping was probed with the pool reporting none; a note says so."""
+        return [
+            f"live: {role}: sglang's setup_state_kv_args raised {type(error).__name__} at "
+            f"{exception_evidence('', error).location} (NPD006's finding); the KV mapping was probed "
+            "with the pool reporting no state buffers"
+            for role, error in self.bootstrap_errors.items()
+        ]
 
     def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
         """One role's pools and kv_args, built in the role's environment."""
