@@ -188,3 +188,42 @@ def test_a_flag_the_scheduler_reads_on_the_pool_must_exist(cli, release, overlay
     assert "'NPUMLATokenToKVPool' object has no attribute 'cpu_copy_carries_mamba'" in first["observed"]
     # the hybrid pool sets it itself
     assert npd005(cli, tree, QWEN_NEXT)["status"] == "pass"
+
+
+NPU_ALLOCATOR_FILE = "sglang/srt/hardware_backend/npu/allocator_npu.py"
+
+
+def narrowed_allocator(overlay, release):
+    """0.5.23 whose NPU allocator's ``free`` override requires an argument no caller passes: the
+    retraction frees the request's slots (through the tree cache and the allocator's own free
+    group), so the first retraction would raise after its KV was copied out."""
+    tree = overlay(release("0.5.23"))
+    replace_text(
+        tree / NPU_ALLOCATOR_FILE,
+        "    def free(self, free_index: torch.Tensor):",
+        "    def free(self, free_index: torch.Tensor, stream):",
+    )
+    return tree
+
+
+def test_an_npu_allocator_override_its_callers_do_not_bind_fails_static(cli, release, overlay):
+    tree = narrowed_allocator(overlay, release)
+    result = npd005(cli, tree, QWEN_PD)
+    assert result["status"] == "fail", result
+    assert result["summary"].startswith("NPUPagedTokenToKVPoolAllocator: TypeError (free)"), result["summary"]
+    found = [e for e in result["evidence"] if "missing 1 required argument: 'stream'" in e["observed"]]
+    assert found, result
+    assert all(e["location"]["path"] == NPU_ALLOCATOR_FILE for e in found)
+    assert all(e["location"]["symbol"] == "NPUPagedTokenToKVPoolAllocator.free" for e in found)
+    callers = {e["observed"].split(" (")[0] for e in found}  # each caller's file:line
+    assert all(c.startswith("sglang/srt/") and c.rpartition(":")[2].isdigit() for c in callers), callers
+
+
+@pytest.mark.slow
+def test_an_npu_allocator_override_its_callers_do_not_bind_fails_live(cli, release, overlay):
+    tree = narrowed_allocator(overlay, release)
+    result = npd005(cli, tree, QWEN_PD, depth="live")
+    assert result["status"] == "fail" and result["depth"] == "live", result
+    bound = [e for e in result["evidence"] if "real signature" in e["observed"]]
+    assert bound and all(e["location"]["symbol"] == "NPUPagedTokenToKVPoolAllocator.free" for e in bound)
+    assert any("missing a required argument: 'stream'" in e["observed"] for e in bound), bound

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import sys
 from dataclasses import dataclass, field
 
 from npudoctor.pools import OFFLOAD_METHODS
 from npudoctor.results import Evidence, Location
-from npudoctor.signatures import CallShape, bind_errors, is_super_call, self_attribute
+from npudoctor.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
 from npudoctor.source import ClassInfo, FunctionRef
 
 ENTRY, ALLOC, POOL, SUB, MAMBA = "scheduler", "allocator", "pool", "sub-pool", "mamba pool"
@@ -70,16 +71,30 @@ class Chain:
         return [e for e in self.edges if e.errors]
 
 
-def walk(graph, path, hybrid: bool) -> Chain:
+def walk(graph, path, hybrid: bool, allocator_calls: bool = True) -> Chain:
     """Every call the offload path makes from the scheduler's offload functions down to the
-    NPU pools, on the classes ``path`` names."""
+    NPU pools, on the classes ``path`` names; with ``allocator_calls``, also every call the
+    scheduler side makes on the allocator it holds (the retraction frees the request's slots,
+    the resume allocates new ones: ``free``, ``free_segment``, ``alloc_extend``, ...), followed
+    into the allocator's own methods as the deployment's allocator class resolves them."""
     chain = Chain()
     walker = _Walker(graph, path, hybrid, chain)
     for site in graph.sites:
         if site.family != "allocator" or site.scoped.function is None:
             continue
         walker.entry(site)
+    if allocator_calls and path.allocators:
+        walker.allocator_calls()
     return chain
+
+
+# Receivers through which the scheduler side holds the deployment's token-to-KV allocator.
+_HOLDER = "token_to_kv_pool_allocator"
+# Where a retraction and its resume run on a PD decode server: the request's release and backup
+# (managers/schedule_batch.py, mem_cache/common.py), the tree caches that free its slots
+# (mem_cache/*_cache.py), the decode scheduler's resume that allocates new ones
+# (disaggregation/decode.py). Only files that call the allocator by its holder's name are parsed.
+_SCHEDULER_SIDE = re.compile(r"srt/(managers/schedule_batch|disaggregation/decode|mem_cache/[a-z_]+)\.py$")
 
 
 class _Walker:
@@ -152,6 +167,49 @@ class _Walker:
         return bool(self.tree.external_bases(cls)) or any(
             "__getattr__" in k.methods or "__getattribute__" in k.methods for k in mro
         )
+
+    # ----- the scheduler side's calls on the allocator it holds --------------------------------
+    def allocator_calls(self) -> None:
+        """Calls ``<...>.token_to_kv_pool_allocator.m(...)`` (and ``allocator.m(...)`` where a
+        function's parameter ``allocator`` is annotated as a token-to-KV allocator) in the scheduler,
+        disaggregation and cache code, of a method the path's allocator has, bound to it. A call
+        under an ``isinstance``/``hasattr`` test of its receiver serves another allocator class:
+        not judged (the test decides, not the signature)."""
+        names = set()
+        for cls in self.path.allocators:
+            for klass in self.graph.mro(cls):
+                names |= {m for m in klass.methods if not m.startswith("__")}
+        names -= set(OFFLOAD_METHODS)  # the copy methods' calls are judged by the entry walk
+        if not names:
+            return
+        wanted = "|".join(sorted(re.escape(n) for n in names))
+        held = re.compile(
+            rb"\b(?:" + _HOLDER.encode() + rb"|allocator)\s*\.\s*(?:" + wanted.encode() + rb")\s*\("
+        )
+        for file in self.tree.files_containing("allocator", under="srt"):
+            relpath = self.tree.relpath(file)
+            if not _SCHEDULER_SIDE.search(relpath):
+                continue
+            data = self.tree.read(file)
+            lines = sorted({data.count(b"\n", 0, m.start()) + 1 for m in held.finditer(data)})
+            if not lines:
+                continue  # parse only files that call the allocator by its holder's name
+            module = self.tree.parse(file)
+            if module is None:
+                continue
+            for scoped in _scoped_calls(module, names, lines):
+                receiver = scoped.receiver_text
+                if not (receiver == _HOLDER or receiver.endswith("." + _HOLDER)) and not (
+                    receiver == "allocator" and _annotated_allocator(scoped.function)
+                ):
+                    continue
+                if _guarded(scoped.function, scoped.call, receiver):
+                    continue
+                where = scoped.function.name if scoped.function is not None else "<module>"
+                owner = f"{scoped.class_node.name}." if scoped.class_node is not None else ""
+                self.call(
+                    relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC), 0
+                )
 
     # ----- the walk ------------------------------------------------------------------------
     def entry(self, site) -> None:
@@ -325,6 +383,37 @@ class _Walker:
                         self.chain.unresolved.append(f"{ref.where(node.lineno)}: self.{attr}.{method}")
                     continue
                 self.call(ref.relpath, caller, node, method, typed, depth)
+
+
+def _scoped_calls(module: ast.Module, names: set[str], lines: list[int]):
+    return method_calls(module, frozenset(names), lines)
+
+
+def _annotated_allocator(function) -> bool:
+    if function is None:
+        return False
+    for arg in (*function.args.args, *function.args.kwonlyargs):
+        if arg.arg == "allocator" and arg.annotation is not None:
+            return "Allocator" in ast.unparse(arg.annotation)
+    return False
+
+
+def _guarded(function, call: ast.Call, receiver: str) -> bool:
+    """``call`` sits in a branch of an ``if`` (or conditional expression) whose test asks
+    ``isinstance``/``hasattr``/``getattr`` of the receiver: it serves some allocator classes only."""
+    if function is None:
+        return False
+    for node in ast.walk(function):
+        if not isinstance(node, (ast.If, ast.IfExp)):
+            continue
+        test = ast.unparse(node.test)
+        if receiver not in test or not any(k in test for k in ("isinstance(", "hasattr(", "getattr(")):
+            continue
+        branches = [node.body, node.orelse] if isinstance(node, ast.IfExp) else [*node.body, *node.orelse]
+        for branch in branches:
+            if any(inner is call for inner in ast.walk(branch)):
+                return True
+    return False
 
 
 def _own_calls(func) -> list[ast.Call]:
