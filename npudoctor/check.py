@@ -91,16 +91,26 @@ class Check:
         scope reads no source, and no live child is started for it."""
         return None
 
+    def reads_source(self, facts: Facts, depth: str) -> bool:
+        """Whether ``run`` at ``depth`` runs the static probe for this deployment: not out of scope,
+        and not a live-only run (a check without a live probe answers from the source at every depth)."""
+        return self.out_of_scope(facts) is None and (depth != "live" or not self.has_live)
+
     def run(
-        self, target: Target, facts: Facts, depth: str = "auto", live: LiveOutcome | None = None
+        self,
+        target: Target,
+        facts: Facts,
+        depth: str = "auto",
+        live: LiveOutcome | None = None,
+        static: Probe | None = None,
     ) -> Result:
-        """Run the static probe (unless ``depth == "live"``), take the live probe's outcome where it
-        ran, and turn the two into the verdict (``verdict``)."""
+        """Run the static probe (unless ``depth == "live"``; ``static``: its probe, already run), take
+        the live probe's outcome where it ran, and turn the two into the verdict (``verdict``)."""
         skip = self.out_of_scope(facts)
         if skip is not None:
             return self.result(skip.status, Depth.STATIC, skip.summary, skip.evidence, skip.assumptions)
-        # a check without a live probe answers from the source at every depth
-        static = self.static(target, facts) if depth != "live" or not self.has_live else None
+        if static is None and self.reads_source(facts, depth):
+            static = self.static(target, facts)
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
         result = verdict(self, static, live_probe, live_note, fix_outcome)
@@ -296,22 +306,37 @@ def run_checks(
     depth: str,
     on_done=None,
     live: LiveOutcome | None = None,
+    statics: dict[str, Probe] | None = None,
 ) -> list[Result]:
     """Run each check; one that raises becomes an ``error`` result and the others still run.
 
-    ``live`` is the outcome of the live child (``npudoctor.live.run``) for these checks, if it ran.
+    ``live`` is the outcome of the live child (``npudoctor.live.run``) for these checks, if it ran;
+    ``statics`` are static probes already run (``static_probes``), by check id.
     """
     results = []
+    statics = statics or {}
     with collector_paused():
         for check in checks:
             try:
-                result = check.run(target, facts, depth, live)
+                result = check.run(target, facts, depth, live, statics.get(check.id))
             except Exception as error:  # a broken check must not hide the others' findings
                 result = check.error_result(error)
             results.append(result)
             if on_done is not None:
                 on_done(check, result)
     return results
+
+
+def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str) -> dict[str, Probe]:
+    """The static probe of each check that reads the source at ``depth``, by id. A probe that
+    raises is left out: ``run_checks`` runs it again and reports the error in its place."""
+    probes = {}
+    with collector_paused():
+        for check in checks:
+            with contextlib.suppress(Exception):
+                if check.reads_source(facts, depth):
+                    probes[check.id] = check.static(target, facts)
+    return probes
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from npudoctor import live
-from npudoctor.check import Check, LiveOutcome, collector_paused, run_checks
+from npudoctor.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
 from npudoctor.facts import Facts
 from npudoctor.results import Result
 from npudoctor.target import Target
@@ -50,16 +50,16 @@ def evaluate(
     """Each check's verdict at ``depth``. ``fixes`` (``{id: shape}``) are enabled in the live child;
     ``declined`` (``{id: why}``) names runtime fixes asked for but not applied, for the verdicts to say."""
     outcome = None
+    statics = {}
     if depth != "static":
         probed = live_checks(checks, facts, depth)
-        outcome = (
-            live.run(target, facts, probed, on_step, fixes)
-            if probed
-            else LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)
-        )
+        child = live.start(target, facts, probed, on_step, fixes) if probed else None
+        # the static probes run while the child imports sglang (seconds of a live run)
+        statics = static_probes(checks, target, facts, depth) if child is not None else {}
+        outcome = child.outcome() if child is not None else LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)
         outcome.fixes.update(declined or {})
     with collector_paused():
-        results = run_checks(checks, target, facts, depth, on_done, outcome)
+        results = run_checks(checks, target, facts, depth, on_done, outcome, statics)
     return Evaluation(results, outcome)
 
 

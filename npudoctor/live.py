@@ -44,7 +44,37 @@ def run(
     on_step: Callable[[str], None] | None = None,
     fixes: dict[str, dict[str, str]] | None = None,
 ) -> LiveOutcome:
-    """Run the live probes of ``checks`` against ``target`` in a child interpreter.
+    """Run the live probes of ``checks`` against ``target`` in a child interpreter (``start``, then
+    wait for its ``outcome``)."""
+    return start(target, facts, checks, on_step, fixes).outcome()
+
+
+class LiveRun:
+    """A live child at work; ``outcome`` waits for its answer. The caller may do other work in
+    between (``npudoctor.evaluate`` reads the source while the child imports sglang)."""
+
+    def __init__(
+        self,
+        outcome: LiveOutcome | None = None,
+        child: subprocess.Popen | None = None,
+        reader: threading.Thread | None = None,
+    ):
+        self._outcome, self._child, self._reader = outcome, child, reader
+
+    def outcome(self) -> LiveOutcome:
+        if self._outcome is None:
+            self._outcome = _answer(self._child, self._reader)
+        return self._outcome
+
+
+def start(
+    target: Target,
+    facts: Facts,
+    checks: list[Check],
+    on_step: Callable[[str], None] | None = None,
+    fixes: dict[str, dict[str, str]] | None = None,
+) -> LiveRun:
+    """Start the live probes of ``checks`` against ``target`` in a child interpreter.
 
     ``on_step`` is called (from a reader thread) with each step the child names:
     ``"import"`` while it imports sglang, then the id of each check it probes.
@@ -53,11 +83,13 @@ def run(
     """
     ids = [c.id for c in checks]
     if not ids:
-        return LiveOutcome()
+        return LiveRun(LiveOutcome())
     if not _importable("torch"):  # a slim install: the static depth is all there is
-        return LiveOutcome(
-            unavailable="torch is not installed in this interpreter (the live depth builds sglang's "
-            "tensors with it: pip install -r requirements-live.txt)"
+        return LiveRun(
+            LiveOutcome(
+                unavailable="torch is not installed in this interpreter (the live depth builds sglang's "
+                "tensors with it: pip install -r requirements-live.txt)"
+            )
         )
     env = dict(os.environ)
     if target.source == "path":
@@ -73,10 +105,11 @@ def run(
         }
     )
     reader = threading.Thread(target=_read_steps, args=(steps_read, on_step), daemon=True)
+    request_read, request_write = os.pipe()
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "npudoctor.live"],
-            stdin=subprocess.PIPE,
+            stdin=request_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -84,12 +117,22 @@ def run(
         )
     except OSError as error:
         os.close(steps_read)
-        return LiveOutcome(unavailable=f"the live run could not start: {error}")
+        os.close(request_write)
+        return LiveRun(LiveOutcome(unavailable=f"the live run could not start: {error}"))
     finally:
         os.close(steps_write)
+        os.close(request_read)
     reader.start()
+    # the request goes now: the child imports sglang while the caller goes on
+    with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
+        pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
+    return LiveRun(child=child, reader=reader)
+
+
+def _answer(child: subprocess.Popen, reader: threading.Thread) -> LiveOutcome:
+    """Wait for the child and read its answer."""
     try:
-        stdout, stderr = child.communicate(request, timeout=TIMEOUT_SECONDS)
+        stdout, stderr = child.communicate(timeout=TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()
