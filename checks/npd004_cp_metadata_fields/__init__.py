@@ -17,6 +17,26 @@ attention. The fix splits q at ``cp_meta.total_q_prev_tokens`` and passes
 the same release (0.5.13), so no release on PyPI ships the defect; a source checkout or an
 image built from the main branch between the two pull requests does.
 
+Issue 12 widened the property from ``do_cp_attn_fia`` to every NPU reader of CP metadata on the
+prefill path the deployment takes: for its attention family (MHA/GQA with FIA, MLA, MLA with the
+DSA/NSA indexer) and the CP strategy it selects (``--cp-strategy`` zigzag/interleave, or the legacy
+``--prefill-cp-mode``). The entries are the NPU functions that name a CP metadata field or ask for
+the CP strategy (the attention backend's CP functions, the KV all-gather/save helper, the MLA/DSA
+CP code, the NPU indexer) and that no other such reader calls; the family of a reader is what its
+name says (``do_cp_attn_fia``: MHA/GQA; ``dsa``/``nsa``/``indexer``/``sparse``/``balance``: MLA
+with the indexer; DeepSeek-V4's backend only when no model is given), and calls under
+``self.use_mla`` tests or under an ``enable_*`` switch the role does not set are not followed.
+Reads of the batch's CP metadata are checked against the class the deployment's preparation
+builds: the selected strategy's (``ZigzagCPStrategy`` builds ``ZigzagContextParallelMetadata``)
+where the model runs CP-v2 (``CP_V2_DEFAULT_MODEL_CLASSES``, ``SGLANG_ENABLE_CP_V2``), else the
+model-level ``ContextParallelMetadata``, whatever the batch field's declaration says. A strategy
+step on the path whose whole body raises ``NotImplementedError`` fails too. Sibling found this
+way: Qwen3-MoE with ``--cp-strategy interleave`` fails on every release that has the flag
+(0.5.14-0.5.23; tests/data/known.yaml ``cp_strategies``): no npudoctor fix, use zigzag. The live
+probe runs the FIA (MHA/GQA) CP attention, also for the interleave strategy (rows from the
+strategy's own ``shard_hidden_states``); the MLA families are judged from the source (their live
+probe says it cannot tell).
+
 Static probe (the property, not the diff), ``ast`` over the target's files only:
 
 1. Find the FIA CP attention functions by name (``do_cp_attn_fia``, wherever they live), and
@@ -67,6 +87,7 @@ what npudoctor cannot set up or the kernel reference does not model is a ``warn`
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass, field
 
 from npudoctor.check import Check, Probe
@@ -102,8 +123,10 @@ class ContextParallelMetadataFields(Check):
         "raises NotImplementedError). The midpoint split bites with two or more requests in a CP batch."
     )
     how_to_fix = (
-        "apply the npudoctor runtime override for NPD004 (do_cp_attn_fia splits q at "
-        "cp_meta.total_q_prev_tokens and passes the per-request *_list lengths; unsafe): npudoctor fix --apply --unsafe --select NPD004"
+        "apply the npudoctor runtime override for NPD004 where it fits (do_cp_attn_fia splits q at "
+        "cp_meta.total_q_prev_tokens and passes the per-request *_list lengths; unsafe): npudoctor fix --apply "
+        "--unsafe --select NPD004; for a CP strategy whose path fails (interleave with an MHA/GQA model) "
+        "there is no fix: launch with --cp-strategy zigzag"
     )
 
     def out_of_scope(self, facts: Facts) -> Probe | None:
@@ -118,7 +141,24 @@ class ContextParallelMetadataFields(Check):
         if isinstance(scope, Probe):
             return scope
         entries, roles, assumptions, path = scope
-        return static_probe.probe(target.tree, entries, roles, assumptions, path)
+        found = static_probe.probe(target.tree, entries, roles, assumptions, path)
+        if found.status is not Status.FAIL or not path.strategy:
+            return found
+        # a strategy-specific failure: say which other CP strategy of the release passes, if one does
+        for other in live_probe.LEGACY_CP_MODES.values():
+            if other == path.strategy:
+                continue
+            alternative = dataclasses.replace(path, strategy=other)
+            if (
+                static_probe.probe(target.tree, entries, roles, assumptions, alternative).status
+                is Status.PASS
+            ):
+                return dataclasses.replace(
+                    found,
+                    summary=f"{found.summary}; with --cp-strategy {other} the same path reads only fields "
+                    "its metadata defines",
+                )
+        return found
 
     def live_imports(self) -> None:
         live_probe.import_modules()

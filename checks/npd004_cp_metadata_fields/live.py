@@ -535,7 +535,11 @@ class Failure:
     message: str
     location: Location | None
     on_metadata: bool = False  # an AttributeError on the CP metadata object
-    stage: str = "attention"  # "preparation" or "attention"
+    stage: str = "attention"  # "preparation", "sharding" (the CP strategy splitting the batch) or "attention"
+    # an AttributeError on None: sglang's code used a value sglang's code returned as None (e.g. 0.5.23
+    # InterleaveCPStrategy.run_attention returns None and do_cp_attn_fia calls .view on it), not an
+    # attribute npudoctor's stand-in backend or layer lacks
+    on_none: bool = False
 
     def __str__(self) -> str:
         where = f" at {self.location.path}:{self.location.line}" if self.location else ""
@@ -642,10 +646,16 @@ def _run_rank(
         if preparation.assigns:
             forward_batch.attn_cp_metadata = prepared
         metadata = forward_batch.attn_cp_metadata
-        origin, blocks = local_rows(metadata, load, forward_batch)
     except Exception as error:
         _reraise_parallel(error)
         return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
+    try:
+        origin, blocks = local_rows(metadata, load, forward_batch)
+    except CannotProbe as error:
+        return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
+    except Exception as error:  # the strategy's own sharding of the batch (sglang's code) raised
+        _reraise_parallel(error)
+        return RankResult(rank, failure=failure_of(error, metadata, stage="sharding"))
 
     physical = _physical_rows(metadata, rank, len(origin))
     q = torch.zeros(physical, dims.q_heads, dims.head_dim)
@@ -868,7 +878,8 @@ def failure_of(error: BaseException, metadata: Any, stage: str = "attention") ->
     on_metadata = (
         isinstance(error, AttributeError) and metadata is not None and getattr(error, "obj", None) is metadata
     )
-    return Failure(type(error).__name__, str(error), location, on_metadata, stage)
+    on_none = isinstance(error, AttributeError) and "'NoneType' object" in str(error)
+    return Failure(type(error).__name__, str(error), location, on_metadata, stage, on_none)
 
 
 def code_location(function: Any) -> Location | None:
@@ -1049,8 +1060,14 @@ def _judge_live(
     if first.mismatch is not None:
         return _mismatch_verdict(run, first, entry, function, where, also_text)
     failure = first.failure
-    defect = failure.stage == "attention" and (
-        failure.on_metadata or failure.kind not in ("AttributeError", "NotImplementedError", "CannotProbe")
+    defect = (
+        failure.stage == "sharding"
+        or failure.stage == "attention"
+        and (
+            failure.on_metadata
+            or failure.on_none
+            or failure.kind not in ("AttributeError", "NotImplementedError", "CannotProbe")
+        )
     )
     if not defect:
         return LiveVerdict(

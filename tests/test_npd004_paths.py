@@ -1,0 +1,160 @@
+"""NPD004 over the whole NPU CP prefill path (issue 12, item 4): every NPU reader of CP metadata
+for the deployment's attention family (MHA/GQA with FIA, MLA, MLA with the DSA/NSA indexer) and
+the CP strategy it selects, on real releases with the flags each release accepts.
+
+The per-strategy truths are in tests/data/known.yaml (``cp_strategies``): Qwen3-MoE with
+``--cp-strategy interleave`` fails on every release that has the flag (0.5.14-0.5.23), with
+the file:line of the first read the interleave metadata does not define (or, on 0.5.23, the
+strategy step that only raises); the zigzag layout passes. The coverage witnesses break one reader
+at a time (the NPU indexer, the KV all-gather helper) in a real tree and expect that reader's
+file:line, only for the family that runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, TRUTH, json_report, replace_text, result_of, sweep
+
+MODELS = EXAMPLES / "models"
+STRATEGIES = TRUTH["cp_strategies"]["NPD004"]
+INTERLEAVE = STRATEGIES["interleave"]
+# The static runs the quick tier keeps: the newest release (the others are slow).
+QUICK = ("0.5.23",)
+
+
+def deployment(tmp_path: Path, model: str, strategy: str | None, legacy: bool = False) -> Path:
+    """A prefill CP deployment of ``model`` with the flags of the releases it is meant for:
+    ``enable_prefill_cp``/``cp_strategy`` (0.5.14+) or the legacy
+    ``enable_prefill_context_parallel``/``prefill_cp_mode`` (0.5.10-0.5.19)."""
+    if legacy:
+        flags = "enable_prefill_context_parallel: true, prefill_cp_mode: in-seq-split"
+    else:
+        flags = f"enable_prefill_cp: true, cp_strategy: {strategy}"
+    path = tmp_path / f"{model}-{strategy or 'legacy'}.yaml"
+    path.write_text(
+        f"model: {{config: {MODELS / model / 'config.json'}}}\n"
+        'env: {ASCEND_USE_FIA: "1"}\n'
+        "roles:\n"
+        "  prefill:\n"
+        "    server_args: {disaggregation_mode: prefill, disaggregation_transfer_backend: ascend, "
+        f"tp_size: 4, attn_cp_size: 2, {flags}}}\n"
+    )
+    return path
+
+
+def npd004(cli, tree: Path, config: Path, depth: str = "static") -> dict:
+    return result_of(
+        json_report(cli, "--sglang-path", tree, "--config", config, "--select", "NPD004", "--depth", depth),
+        "NPD004",
+    )
+
+
+def locations(result: dict) -> list[str]:
+    return [
+        f"{e['location']['path'].split('sglang/srt/', 1)[-1]}:{e['location']['line']}"
+        for e in result["evidence"]
+        if e.get("location")
+    ]
+
+
+# ----- every strategy the release offers ----------------------------------------------------
+@pytest.mark.parametrize("version", sweep(INTERLEAVE["present"], quick=QUICK))
+def test_interleave_fails_with_the_truths_file_line(cli, release, tmp_path, version):
+    """The interleave strategy's metadata lacks what the FIA CP path reads (0.5.14-0.5.22), or the
+    strategy does not implement the step (0.5.23): fail, at the truth's file:line."""
+    result = npd004(cli, release(version), deployment(tmp_path, "qwen3-30b-a3b", "interleave"))
+    assert result["status"] == "fail", result["summary"]
+    assert "(MHA/GQA with FIA, interleave strategy)" in result["summary"]
+    first = INTERLEAVE["evidence"][version].split()[0]
+    assert first in locations(result), (first, locations(result))
+
+
+@pytest.mark.parametrize("version", sweep(["0.5.14", "0.5.17", "0.5.20", "0.5.23"], quick=QUICK))
+def test_zigzag_with_the_new_flags_passes(cli, release, tmp_path, version):
+    result = npd004(cli, release(version), deployment(tmp_path, "qwen3-30b-a3b", "zigzag"))
+    assert result["status"] == "pass", result["summary"]
+    assert "(MHA/GQA with FIA, zigzag strategy)" in result["summary"]
+    assert any("checked against it" in a for a in result["assumptions"]), result["assumptions"]
+
+
+@pytest.mark.parametrize(
+    ("model", "family", "version", "legacy"),
+    [
+        pytest.param("deepseek-v3", "MLA", "0.5.12", True, marks=pytest.mark.slow),
+        ("deepseek-v3", "MLA", "0.5.23", False),
+        pytest.param("deepseek-v3.2", "MLA with the DSA/NSA indexer", "0.5.12", True, marks=pytest.mark.slow),
+        ("deepseek-v3.2", "MLA with the DSA/NSA indexer", "0.5.17", True),
+    ],
+)
+def test_mla_families_walk_their_own_readers(cli, release, tmp_path, model, family, version, legacy):
+    """MLA deployments are judged on their own CP readers (no longer skipped), and never on the FIA
+    CP attention, which the backend calls under `not self.use_mla`."""
+    result = npd004(cli, release(version), deployment(tmp_path, model, "zigzag", legacy=legacy))
+    assert result["status"] == "pass", result["summary"]
+    assert f"({family}, zigzag strategy)" in result["summary"]
+    assert "do_cp_attn_fia" not in json.dumps(result["evidence"])
+
+
+# ----- coverage witnesses: one broken reader at a time ----------------------------------------
+def test_a_broken_npu_indexer_read_fails_the_indexer_family_only(cli, release, overlay, tmp_path):
+    """0.5.17's NPU indexer reads the CP metadata in its own CP branch: misname one read; the
+    DeepSeek-V3.2 deployment fails at that line, Qwen3 (no indexer) does not run it."""
+    tree = overlay(release("0.5.17"))
+    indexer = tree / "sglang/srt/layers/attention/dsa/dsa_npu_indexer.py"
+    replace_text(
+        indexer, "attn_cp_metadata.actual_seq_q_prev_tensor,", "attn_cp_metadata.actual_seq_q_prev_tensr,"
+    )
+    line = next(
+        n for n, t in enumerate(indexer.read_text().splitlines(), 1) if "actual_seq_q_prev_tensr" in t
+    )
+
+    v32 = npd004(cli, tree, deployment(tmp_path, "deepseek-v3.2", None, legacy=True))
+    assert v32["status"] == "fail", v32["summary"]
+    assert f"layers/attention/dsa/dsa_npu_indexer.py:{line}" in locations(v32)
+    assert "actual_seq_q_prev_tensor" in json.dumps(v32["evidence"])  # the field it does define
+
+    qwen3 = npd004(cli, tree, deployment(tmp_path, "qwen3-30b-a3b", None, legacy=True))
+    assert qwen3["status"] == "pass", qwen3["summary"]
+
+
+def test_a_broken_kv_all_gather_read_fails(cli, release, overlay, tmp_path):
+    """0.5.15's KV all-gather (cp_utils.cp_all_gather_rerange_kv_cache, called from the NPU
+    _cp_allgather_and_save_kv_npu before the FIA attention) is on the MHA path too."""
+    tree = overlay(release("0.5.15"))
+    cp_utils = tree / "sglang/srt/layers/utils/cp_utils.py"
+    source = cp_utils.read_text()
+    start = source.index("def cp_all_gather_rerange_kv_cache(")
+    body = source[start:].split("\ndef ", 1)[0]
+    replace_text(
+        cp_utils, body, body.replace("attn_cp_metadata.reverse_split_len", "attn_cp_metadata.reverse_split")
+    )
+    line = next(
+        n
+        for n, t in enumerate(cp_utils.read_text().splitlines(), 1)
+        if "attn_cp_metadata.reverse_split," in t
+    )
+
+    result = npd004(cli, tree, deployment(tmp_path, "qwen3-30b-a3b", "zigzag"))
+    assert result["status"] == "fail", result["summary"]
+    assert f"layers/utils/cp_utils.py:{line}" in locations(result)
+    assert "on the CP path of AscendAttnBackend.forward_extend" in json.dumps(result["evidence"])
+
+
+# ----- live: sglang's own code raises on the interleave path --------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("version", "raised"),
+    [
+        ("0.5.15", "NotImplementedError: Interleave hidden-state sharding"),
+        ("0.5.23", "AttributeError: 'NoneType' object has no attribute 'view'"),
+    ],
+)
+def test_interleave_fails_live(cli, release, tmp_path, version, raised):
+    result = npd004(cli, release(version), deployment(tmp_path, "qwen3-30b-a3b", "interleave"), depth="live")
+    assert result["status"] == "fail" and result["depth"] == "live", result["summary"]
+    assert raised in result["summary"]
+    where = INTERLEAVE["evidence"][version].split("live: ", 1)[1]
+    assert any(loc in where for loc in locations(result)), (where, locations(result))
