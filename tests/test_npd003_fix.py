@@ -1,14 +1,21 @@
-"""NPD003 fix (sglang#23893 ported to 0.5.9-0.5.11) beyond the generic fix tests.
+"""NPD003 fix beyond the generic fix tests: sglang#23893 ported to 0.5.9-0.5.11, and npudoctor's
+own fix of the MHA pointer splitter for 0.5.12-0.5.23.
 
-On every release it is written for, NPD003's live probe (the installed Ascend send_kvcache per
+On every release the port is written for, NPD003's live probe (the installed Ascend send_kvcache per
 prefill PP stage, real NPU pools on CPU, every recorded address decoded to (layer, kind)) runs
 on MLA and MHA deployments, first as sglang ships, then with the fix in place: every stage's
 buffers map one to one onto the same layer and kind on decode, with and without decode draft
 layers, for even and uneven PP splits and for a decode with the prefill's PP size. The layer
 count the replacement slices by is the served model's (two models whose first stage and decode
-lists have the same sizes are mapped differently, each right). It is needed nowhere from 0.5.12
-on, opt-in (unsafe), refuses a shape it was not written for, and does not claim the MHA
-divisibility sibling of 0.5.12+ (the static depth cannot confirm it)."""
+lists have the same sizes are mapped differently, each right). It is opt-in (unsafe) and refuses
+a shape it was not written for.
+
+From 0.5.12 on, MLA pools go through upstream's group-aware splitter (not needed for the MLA
+examples), while MHA pools still go through ``get_mha_kv_ptrs_with_pp``, which guesses decode's
+V half from layer-count divisibility: Llama-3-70B over prefill PP 3 (26 + 27 + 27) and Qwen3
+over ``SGLANG_PP_LAYER_PARTITION=20,28`` land V elsewhere on 0.5.23 still. There the fix replaces
+only that splitter (npudoctor's own), and the live probe shows every stage right for MHA with
+and without draft layers, MLA and MLA with the indexer alike."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_npd003_static import write_deployment
 
 from npudoctor.fix import fix_by_id
 from npudoctor.target import discover
@@ -270,26 +278,94 @@ def test_another_shape_is_refused_with_the_sites_that_differ(cli, release, overl
     assert "send_kvcache (" not in reason and "get_global_server_args (" not in reason
 
 
-@pytest.mark.slow  # a live run: fix decides at auto depth
-def test_the_mha_divisibility_sibling_of_later_releases_is_refused_by_shape(cli, release, tmp_path):
-    """0.5.12+ slice MLA per group; their MHA splitter still guesses decode's draft layers from
-    layer-count divisibility (the live probe fails an uneven split, see test_npd003_live). `fix`
-    decides at the depth `check` does (auto: live), so it sees the failure; the fix was written
-    for another shape of the transfer code and refuses it: nothing patched."""
-    config = deployment(
-        tmp_path, "qwen3-uneven-eagle", QWEN3, {}, {"speculative_algorithm": "EAGLE3"},
-        {"SGLANG_PP_LAYER_PARTITION": "20,28"},
-    )  # fmt: skip
+MHA_SPLITTER = "sglang.srt.disaggregation.ascend.conn:AscendKVManager.get_mha_kv_ptrs_with_pp"
+# Releases whose MHA splitter the fix replaces, where the live probe runs it (tests below).
+LATER = ["0.5.12", "0.5.13", "0.5.23"]
+
+
+def plan_entry(cli, tree, config, *extra: str) -> dict:
     code, out, err = cli(
-        "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", release("0.5.23"),
-        "--config", config, "--depth", "auto",
+        "fix", "--format", "json", "--unsafe", "--select", "NPD003", "--sglang-path", tree, "--config", config,
+        *extra,
     )  # fmt: skip
     assert code == 0, err
     (entry,) = json.loads(out)["plan"]
-    assert entry["action"] == "refused", entry
+    return entry
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
+def test_the_mha_splitter_of_later_releases_is_what_the_fix_replaces(cli, release, tmp_path, version):
+    """0.5.12+ fail an uneven MHA split at the static depth now; the plan installs only the MHA
+    splitter (send_kvcache is upstream's, already right for MLA) and says the fix is npudoctor's
+    own. An even split with a draft layer (24 + 24, EAGLE3: the guess lands on 48) needs none."""
+    llama = write_deployment(tmp_path, "llama-3-70b-pd-pp3")
+    entry = plan_entry(cli, release(version), llama, "--depth", "static")
+    assert entry["action"] == "apply" and entry["reason"].startswith("NPD003 fails here"), entry
     assert (
-        "not a shape this fix was written for" in entry["reason"] and "AscendKVManager" in entry["reason"]
-    ), entry
+        entry["replaces"] == [MHA_SPLITTER]
+        and "replaces only AscendKVManager.get_mha_kv_ptrs_with_pp" in entry["reason"]
+    )
+    even = plan_entry(
+        cli, release(version), write_deployment(tmp_path, "qwen3-moe-pd-pp2-eagle"), "--depth", "static"
+    )
+    assert even["action"] == "not needed", even
+    fix = fix_by_id("NPD003")
+    assert (
+        fix.own
+        and "0.5.12-0.5.23" in fix.own
+        and fix.known_release(fix.shape_of_source(discover(release(version)).tree)) == version
+    )
+
+
+@pytest.fixture(scope="module")
+def later_deployments(tmp_path_factory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("npd003-later")
+    return {
+        "llama-3-70b-pd-pp3": write_deployment(directory, "llama-3-70b-pd-pp3"),  # first: decide() runs on it
+        "llama-3-70b-pd-pp3-eagle": write_deployment(directory, "llama-3-70b-pd-pp3-eagle"),
+        "qwen3-moe-pd-pp2-uneven-eagle": write_deployment(directory, "qwen3-moe-pd-pp2-uneven-eagle"),
+        "qwen3-moe-pd-pp2-eagle": write_deployment(directory, "qwen3-moe-pd-pp2-eagle"),
+        "deepseek-v3": DEEPSEEK_V3,  # MLA (K, V), no draft
+        "deepseek-v3.2": DEEPSEEK_V32,  # MLA + NSA indexer, decode with MTP
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", LATER)
+def test_the_mha_splitter_fix_maps_every_stage_on_later_releases(release, later_deployments, version):
+    """Unpatched, the uneven MHA splits write V into other layers (with and without a draft layer
+    on decode); with the fix every stage of every deployment maps one to one, MLA and MLA with the
+    indexer included (their path is upstream's and stays right)."""
+    raw = fixprobe(
+        release(version),
+        "compare",
+        "NPD003",
+        *later_deployments.values(),
+        options=("--unsafe",),
+        timeout=1500,
+    )
+    names = {str(path): name for name, path in later_deployments.items()}
+    assert raw["outcome"] == "applied" and raw["patched"] == [MHA_SPLITTER], raw.get("decisions")
+    plain = {names[c]: r for c, r in raw["plain"].items()}
+    fixed = {names[c]: r for c, r in raw["fixed"].items()}
+    for name in ("llama-3-70b-pd-pp3", "llama-3-70b-pd-pp3-eagle", "qwen3-moe-pd-pp2-uneven-eagle"):
+        assert plain[name]["status"] == "fail" and "pairs wrong" in " ".join(plain[name]["observed"]), name
+    for name in ("qwen3-moe-pd-pp2-eagle", "deepseek-v3", "deepseek-v3.2"):
+        assert plain[name]["status"] == "pass", (name, plain[name]["summary"])
+    for name, result in fixed.items():
+        stages = [line for line in result["observed"] if line.startswith("prefill stage")]
+        assert result["status"] == "pass", (name, result["summary"], stages)
+        assert stages and all(" pairs right, one decode buffer each " in line for line in stages), name
+    llama = [line for line in fixed["llama-3-70b-pd-pp3"]["observed"] if line.startswith("prefill stage")]
+    assert (
+        llama[0].startswith("prefill stage 0 (layers 0-25): 52 of 52 pairs right")
+        and "V25 -> V25" in llama[0]
+    )
+    assert (
+        llama[2].startswith("prefill stage 2 (layers 53-79): 54 of 54 pairs right")
+        and "V79 -> V79" in llama[2]
+    )
+    assert "via get_mha_kv_ptrs_with_pp (npudoctor fix npd003_pp_transfer_map)" in llama[0]
 
 
 # Runs with 0.5.11 on PYTHONPATH: the replacement's own refusals, on a stand-in manager.
@@ -315,6 +391,8 @@ with simulated_npu():
             found[name] = fix.stage_destinations(manager, src, dst)
         except fix.TransferMapError as error:
             found[name] = "refused: " + str(error)
+    # the MHA splitter replacement (0.5.12+): stage 1 (30-60) of 61 layers, decode 61 + 1 draft layer
+    found["mha"] = fix.get_mha_kv_ptrs_with_pp(stage(1, 30, None), list(range(62)), list(range(124)))
 print(json.dumps(found))
 """
 
@@ -334,3 +412,6 @@ def test_the_replacement_refuses_lists_it_cannot_map(release):
     assert found["wrong start"].startswith("refused: PP rank 1 of 2 starts at layer 30 of 61")
     assert "not whole buffer groups of its 30 layers" in found["partial group"]
     assert found["short decode"].startswith("refused: decode registers 87 KV pointers")
+    src_k, src_v, dst_k, dst_v, layers = found["mha"]
+    assert (src_k, src_v, layers) == (list(range(31)), list(range(31, 62)), 31)
+    assert (dst_k, dst_v) == (list(range(30, 61)), list(range(61 + 30, 61 + 61)))  # V at 61 + layer, not 62

@@ -12,6 +12,7 @@ import json
 import re
 
 import pytest
+from test_npd003_static import write_deployment
 
 from conftest import (
     EXAMPLES,
@@ -165,7 +166,8 @@ def test_mha_deployment_with_prefill_pp(live_report, tmp_path_factory, version, 
 def test_mha_draft_layers_with_an_uneven_split_fail_even_on_the_newest_release(live_report, tmp_path_factory):
     """A sibling the property catches: the MHA splitter infers decode's draft layers from
     layer-count divisibility, wrong when the stages are uneven (SGLANG_PP_LAYER_PARTITION
-    20,28 with an EAGLE3 draft on decode). The static depth cannot tell; the live depth can."""
+    20,28 with an EAGLE3 draft on decode). Both depths see it (static runs the splitter's
+    arithmetic from the source)."""
     config = qwen3_pp2(
         tmp_path_factory.mktemp("qwen3-uneven"),
         decode="speculative_algorithm: EAGLE3, ",
@@ -176,7 +178,8 @@ def test_mha_draft_layers_with_an_uneven_split_fail_even_on_the_newest_release(l
     lines = stage_lines(result)
     assert lines[0].startswith("prefill stage 0 (layers 0-19): 20 of 40 pairs wrong: V0 -> K40")
     assert any("layers 0-19, 20-47" in a for a in result["assumptions"])
-    assert any(a.startswith("static depth: warn") for a in result["assumptions"])
+    # the static depth evaluates the same arithmetic and agrees: no disagreement to note
+    assert not any(a.startswith("static depth: ") for a in result["assumptions"]), result["assumptions"]
 
 
 @pytest.mark.slow
@@ -261,3 +264,34 @@ def test_more_stages_than_the_assumed_model_has_layers_is_cannot_tell_not_a_hang
     assert code in (0, 1), err
     result = result_of(json.loads(out), "NPD003")
     assert result["status"] == "warn" and "pp_size 100000 exceeds the 61 layers" in result["summary"]
+
+
+def _stage_outcome(line: str) -> str:
+    """``prefill stage i (layers a-b): N of M pairs wrong: V0 -> K78, ...`` / ``... M of M pairs right``."""
+    return line.split(";")[0].split(", one decode buffer each")[0]
+
+
+# (release, known.yaml deployment): uneven and even MHA splits, with and without a draft layer
+AGREEMENT = [
+    ("0.5.12", "llama-3-70b-pd-pp3"),
+    ("0.5.23", "llama-3-70b-pd-pp3-eagle"),
+    ("0.5.11", "qwen3-moe-pd-pp2-uneven-eagle"),
+    ("0.5.23", "qwen3-moe-pd-pp2-uneven-eagle"),
+    ("0.5.13", "qwen3-moe-pd-pp2-eagle"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "name"), AGREEMENT)
+def test_static_mha_arithmetic_agrees_with_live_pairs(cli, live_report, release, tmp_path, version, name):
+    """The static depth's model of the MHA splitter (the release's get_pp_indices and
+    get_mha_kv_ptrs_with_pp run alone from the source, paired as send_kvcache pairs them) gives
+    each stage the same verdict, the same count and the same first wrong pairs as the live run
+    of the real code on real pools."""
+    config = write_deployment(tmp_path, name)
+    live = npd003(live_report(version, config, depth="live"))
+    static = npd003(json_report(cli, "--sglang-path", release(version), "--config", config, "--select", "NPD003",
+                                "--depth", "static"))  # fmt: skip
+    assert (static["depth"], live["depth"]) == ("static", "live")
+    assert static["status"] == live["status"], (static["summary"], live["summary"])
+    assert [_stage_outcome(x) for x in stage_lines(static)] == [_stage_outcome(x) for x in stage_lines(live)]

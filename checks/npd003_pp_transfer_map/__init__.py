@@ -16,8 +16,14 @@ splitter that branch calls (through the MRO, incl. ``disaggregation/common``). T
 splitter must be group-aware for MLA (slices each buffer group at the stage offset,
 with the group count set by the producer), must split K/V halves with the stage offset
 for MHA, and must know the decode model's layer count when decode has draft layers.
-An MHA splitter that infers decode's draft layers from layer-count divisibility is right
-for some stage splits and wrong for others: the static depth cannot tell, the live one can.
+The MHA splitter of 0.5.10-0.5.23 (``CommonKVManager.get_mha_kv_ptrs_with_pp``) infers where
+decode's V half starts from layer-count divisibility: right for some stage splits and wrong for
+others (Llama-3-70B's 80 layers over PP 3 as 26 + 27 + 27; 61 over PP 2), with or without draft
+layers. The static depth decides it from the layer arithmetic (``arithmetic.py``): the release's
+own ``get_pp_indices`` and MHA splitter, taken from the source and run alone on the deployment's
+layer count, PP sizes, decode draft layers and ``SGLANG_PP_LAYER_PARTITION``, paired as
+``send_kvcache`` pairs them; a stage that maps a layer elsewhere fails with the line the splitter
+sliced V at. Without a model config the assumed 61-layer models are checked.
 
 Live probe (``live.py``): for every prefill PP stage of the deployment,
 with the stage's layers from sglang's own ``get_pp_indices``, build the real NPU pools
@@ -31,7 +37,9 @@ stage's buffers onto the same global layer and kind on decode.
 
 from __future__ import annotations
 
-from npudoctor import livepools
+import dataclasses
+
+from npudoctor import history, livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import AttentionKind, Facts, ModelFacts, RoleFacts
 from npudoctor.pools import pool_family
@@ -87,12 +95,26 @@ class PipelineTransferMap(Check):
     )
     bites_when = (
         "PD disaggregation with the ascend transfer backend and pp_size > 1 on the prefill (or "
-        "decode) role; MLA models in the known releases; decode with extra draft (MTP) layers."
+        "decode) role; MLA models up to 0.5.11; MHA/GQA models whose PP layer split the MHA splitter "
+        "misses (a stage's layer count not dividing the model's, e.g. 80 layers over PP 3) on every "
+        "release through 0.5.23; decode with extra draft (MTP/EAGLE) layers."
     )
     how_to_fix = (
-        "apply the npudoctor runtime override for NPD003 (group-aware PP pointer slicing; "
-        "unsafe): npudoctor fix --apply --unsafe --select NPD003"
+        "apply the npudoctor runtime override for NPD003 (group-aware PP pointer slicing up to 0.5.11, "
+        "the MHA splitter sliced at the served model's layer count from 0.5.12; unsafe): "
+        "npudoctor fix --apply --unsafe --select NPD003"
     )
+
+    def run(self, target, facts, depth="auto", live=None, static=None):
+        """The verdict, with the release history's upgrade advice only where the history speaks for
+        the deployment's pool family: its NPD003 witness is an MLA deployment (fixed in 0.5.12 by
+        #23893), while the MHA splitter's divisibility guess ships in every release through 0.5.23,
+        so "upgrade" is no remedy for a failing MHA deployment."""
+        result = super().run(target, facts, depth, live, static)
+        remedy = result.remediation
+        if remedy is not None and remedy.fixed_in is not None and "mha" in _families(facts):
+            result = dataclasses.replace(result, remediation=self.remediation(history.Upstream(None, None)))
+        return result
 
     def live_imports(self) -> None:
         livepools.import_pool_modules()
@@ -133,6 +155,11 @@ class PipelineTransferMap(Check):
             for model in [facts.model or _ASSUMED_MODELS[family]]
         }
         return static_probe.probe(target.tree, families, draft_layers, assumptions, roles, splits)
+
+
+def _families(facts: Facts) -> list[str]:
+    scope = _scope(facts)
+    return [] if isinstance(scope, str) else scope[0]
 
 
 def _scope(facts: Facts):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import importlib
 import inspect
@@ -458,11 +459,12 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
         if not _UNPUBLISHED.search(str(error)):
             raise
     runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
-    if runtime is None or not hasattr(runtime, "get_context"):
+    server_args_class = importlib.import_module(liveprocess.SERVER_ARGS_MODULE).ServerArgs
+    if runtime is None or not hasattr(runtime, "get_context") or dataclasses.is_dataclass(server_args_class):
+        # a dataclass record (<= 0.5.19) is published without its __post_init__, which asks the device
         with liveprocess.published_server_args(role, model):
             return call()
     context = runtime.get_context()
-    server_args_class = importlib.import_module(liveprocess.SERVER_ARGS_MODULE).ServerArgs
     accepted = inspect.signature(server_args_class).parameters
     given = {k: v for k, v in role.server_args.items() if k in accepted}
     given["disaggregation_mode"] = role.disaggregation_mode
