@@ -65,7 +65,7 @@ def chain_lines(result: dict) -> list[str]:
 
 # ----- real releases ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "kind", [k if k in ("mla", "hybrid") else pytest.param(k, marks=pytest.mark.slow) for k in DEPLOYMENTS]
+    "kind", [k if k == "mla" else pytest.param(k, marks=pytest.mark.slow) for k in DEPLOYMENTS]
 )
 def test_newest_release_binds_every_call_of_the_offload_path(cli, release, kind):
     """0.5.23: the property holds for every deployment, and the evidence names the calls beyond the
@@ -145,6 +145,7 @@ def test_a_helper_the_npu_pool_narrowed_fails_live(cli, release, overlay):
     )
 
 
+@pytest.mark.slow
 def test_the_fix_refuses_a_chain_it_was_not_written_for(cli, release, overlay):
     tree = narrowed_helper(overlay, release)
     code, out, err = cli(
@@ -155,6 +156,7 @@ def test_the_fix_refuses_a_chain_it_was_not_written_for(cli, release, overlay):
     assert plan[0]["action"] == "refused" and "not a shape this fix was written for" in plan[0]["reason"]
 
 
+@pytest.mark.slow
 def test_a_composite_passing_its_mamba_pool_a_keyword_it_lacks_fails(cli, release, overlay):
     """The hybrid pool hands the request's mamba slot to its ``MambaPool`` (not a KV pool, so no
     copy-method override of the KV hierarchy): a keyword it starts passing there must bind too."""
@@ -175,6 +177,7 @@ def test_a_composite_passing_its_mamba_pool_a_keyword_it_lacks_fails(cli, releas
     assert npd005(cli, tree, DEEPSEEK_PD)["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_a_flag_the_scheduler_reads_on_the_pool_must_exist(cli, release, overlay):
     """``Req._mamba_pool_needing_backup`` reads ``allocator.get_kvcache().cpu_copy_carries_mamba``
     before any copy: a pool without it raises AttributeError on the first retraction."""

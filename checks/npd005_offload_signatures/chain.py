@@ -186,6 +186,7 @@ class _Walker:
         held = re.compile(
             rb"\b(?:" + _HOLDER.encode() + rb"|allocator)\s*\.\s*(?:" + wanted.encode() + rb")\s*\("
         )
+        before, files = len(self.chain.edges), []
         for file in self.tree.files_containing("allocator", under="srt"):
             relpath = self.tree.relpath(file)
             if not _SCHEDULER_SIDE.search(relpath):
@@ -210,6 +211,11 @@ class _Walker:
                 self.call(
                     relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC), 0
                 )
+                files.append(relpath)
+        if len(self.chain.edges) > before:
+            self.chain.entries.append(
+                f"the release and resume code's calls on {_HOLDER} ({', '.join(dict.fromkeys(files))})"
+            )
 
     # ----- the walk ------------------------------------------------------------------------
     def entry(self, site) -> None:
