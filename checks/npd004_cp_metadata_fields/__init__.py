@@ -239,7 +239,16 @@ def _path_scope(facts: Facts, roles: tuple[str, ...]) -> static_probe.PathScope:
         }.get(model.attention, static_probe.MHA)
     described = [r for r in facts.roles if r.name in roles]
     if not described:
-        return static_probe.PathScope(family, live_probe.cp_strategy_name(_assumed_role(facts)))
+        # the assumed role (ASSUMED_SERVER_ARGS, ASCEND_USE_FIA=1) and, with no model, the family the
+        # assumptions name: a non-MLA model, whose CP prefill runs do_cp_attn_fia
+        assumed = _assumed_role(facts)
+        return static_probe.PathScope(
+            family or static_probe.MHA,
+            live_probe.cp_strategy_name(assumed),
+            {**assumed.server_args, **dict.fromkeys(CP_SWITCHES, True)},
+            model.architectures if model is not None else (),
+            dict(assumed.env),
+        )
     role = described[0]
     server_args = dict(role.server_args)
     # every name a release gives the switch that turns the CP prefill on
