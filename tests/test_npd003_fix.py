@@ -415,3 +415,23 @@ def test_the_replacement_refuses_lists_it_cannot_map(release):
     src_k, src_v, dst_k, dst_v, layers = found["mha"]
     assert (src_k, src_v, layers) == (list(range(31)), list(range(31, 62)), 31)
     assert (dst_k, dst_v) == (list(range(30, 61)), list(range(61 + 30, 61 + 61)))  # V at 61 + layer, not 62
+
+
+# Releases where `npudoctor check --with-fix NPD003` (the live child with the fix in place) was run
+# on Llama-3-70B PP 3 with an EAGLE3 draft layer on decode: every one from 0.5.12.
+WITH_FIX = ["0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", WITH_FIX)
+def test_with_fix_cures_the_llama_split_on_every_later_release(live_report, tmp_path, version):
+    """Static fails the split (the installed splitter's arithmetic); with the fix the live probe
+    runs sglang's send_kvcache through the replacement and every stage maps one to one."""
+    config = write_deployment(tmp_path, "llama-3-70b-pd-pp3-eagle")
+    report = live_report(version, config, "--with-fix", "NPD003", "--select", "NPD003", depth="auto")
+    result = next(r for r in report["results"] if r["id"] == "NPD003")
+    assert (result["status"], result["depth"]) == ("pass", "live"), result["summary"]
+    assert result["summary"].startswith("with runtime fix NPD003:")
+    assert any("the installed source, read statically: fail" in a for a in result["assumptions"])
+    stages = [e["observed"] for e in result["evidence"] if e["observed"].startswith("prefill stage")]
+    assert len(stages) == 3 and all("via get_mha_kv_ptrs_with_pp (npudoctor fix" in s for s in stages)
