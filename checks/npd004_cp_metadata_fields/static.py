@@ -16,6 +16,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from npudoctor.check import Probe
 from npudoctor.dataflow import (
@@ -575,7 +576,7 @@ class PathWalk:
                 if held is None:
                     continue
                 if isinstance(node.ctx, ast.Load):
-                    if node.attr not in guarded:
+                    if node.attr not in guarded and not self._off_path(ref, node):
                         self.reads.append(Read(ref, node.lineno, ast.unparse(node), node.attr, held))
                 else:
                     self.stored.add(node.attr)
@@ -628,7 +629,7 @@ class PathWalk:
                 )
                 yield callee, callee_self, callee_seeds, callee_carriers
 
-    def _off_path(self, ref: FunctionRef, call: ast.Call) -> bool:
+    def _off_path(self, ref: FunctionRef, call: ast.AST) -> bool:
         """``call`` sits under ``if <x>.enable_<feature>`` and the described role does not enable that
         feature (e.g. ``enable_sparsity_driven_kv_offload``): not the deployment's path."""
         for test, taken in enclosing_tests(ref.node, call):
@@ -640,6 +641,13 @@ class PathWalk:
                         f"calls under `{text}` ({ref.where(test.lineno)}): another attention family"
                     )
                     return True
+        for test, taken in enclosing_tests(ref.node, call):
+            gate = _npu_off_gate(ref, test.test) if taken else None
+            if gate is not None:
+                self.skipped.append(
+                    f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): {gate}"
+                )
+                return True
         if self.server_args is None:
             return False
         for test, taken in enclosing_tests(ref.node, call):
@@ -823,6 +831,85 @@ def _query_splits(ref: FunctionRef) -> list[Split]:
                 ):
                     found.append(Split(ref, node.lineno, ast.unparse(node)))
     return found
+
+
+def _npu_off_gate(ref: FunctionRef, test: ast.expr) -> str | None:
+    """Why ``test`` (an ``if`` whose body the call sits in) is false on an NPU, if it is: one of its
+    ``and`` terms is a call, or ``self.<x>`` assigned from a call, of a function that returns False on
+    NPU first thing (0.5.20 ``is_dsa_enable_prefill_cp``: ``if is_hip() or is_npu() ...: return
+    False``)."""
+    terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    for term in terms:
+        call, path = (term, ref.path) if isinstance(term, ast.Call) else (None, ref.path)
+        if (
+            call is None
+            and isinstance(term, ast.Attribute)
+            and _is_name(term.value, "self")
+            and ref.owner is not None
+        ):
+            call, path = _assigned_call(ref, term.attr) or (None, path)
+        if call is None or not isinstance(call.func, ast.Name):
+            continue
+        function = module_function(ref.tree, path, call.func.id) or _locally_imported(ref, call.func.id)
+        if function is not None and _false_on_npu(function):
+            return f"{function.qualname} ({function.where()}) returns False on NPU"
+    return None
+
+
+def _assigned_call(ref: FunctionRef, attr: str) -> tuple[ast.Call, Path] | None:
+    """The call ``self.<attr>`` is assigned from in a method of ``ref``'s class, its bases or its
+    subclasses (a mixin's attribute is set by the class that mixes it in), if one."""
+    tree = ref.tree
+    classes = [*tree.mro(ref.owner), *subclasses(tree, ref.owner)]
+    methods = [(klass.path, m) for klass in classes for m in klass.methods.values()]
+    for path, method in methods:
+        for node in ast.walk(method):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)
+                and node.targets[0].attr == attr
+                and _is_name(node.targets[0].value, "self")
+                and isinstance(node.value, ast.Call)
+            ):
+                return node.value, path
+    return None
+
+
+def _false_on_npu(function: FunctionRef) -> bool:
+    body = [
+        s
+        for s in function.node.body
+        if not (
+            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+        )
+    ]
+    if not body or not isinstance(body[0], ast.If):
+        return False
+    first = body[0]
+    mentions_npu = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_npu"
+        for n in ast.walk(first.test)
+    )
+    returns_false = (
+        len(first.body) == 1
+        and isinstance(first.body[0], ast.Return)
+        and isinstance(first.body[0].value, ast.Constant)
+        and first.body[0].value.value is False
+    )
+    negated = isinstance(first.test, ast.UnaryOp) and isinstance(first.test.op, ast.Not)
+    return (
+        mentions_npu
+        and returns_false
+        and not negated
+        and not isinstance(first.test, ast.BoolOp)
+        or (
+            mentions_npu
+            and returns_false
+            and isinstance(first.test, ast.BoolOp)
+            and isinstance(first.test.op, ast.Or)
+        )
+    )
 
 
 def _locally_imported(ref: FunctionRef, name: str) -> FunctionRef | None:
