@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES, fixprobe, replace_text
+from conftest import EXAMPLES, fixprobe, replace_text, sweep
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"
@@ -30,7 +30,8 @@ def test_safe_and_applied_where_the_check_fails(cli, release):
 
 
 @pytest.mark.parametrize(
-    ("version", "config"), [("0.5.12", DEEPSEEK_V32), ("0.5.11", DEEPSEEK_V3), ("0.5.13", DEEPSEEK_V3)]
+    ("version", "config"),
+    sweep([("0.5.13", DEEPSEEK_V3), ("0.5.12", DEEPSEEK_V32), ("0.5.11", DEEPSEEK_V3)], quick=("0.5.13",)),
 )
 def test_not_needed_where_the_check_passes(cli, release, version, config):
     """With the indexer (0.5.12), before the method existed (0.5.11), after the upstream fix (0.5.13)."""

@@ -13,6 +13,7 @@ from conftest import (
     expected_status,
     json_report,
     result_of,
+    sweep,
     truth_locations,
 )
 
@@ -47,7 +48,7 @@ def deepseek_v3_pd(directory, backend: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", sweep(RELEASES, quick=("0.5.12", "0.5.13")))  # buggy, fixed
 def test_deepseek_v3_pd_matches_the_truth(cli, release, version):
     """Every release with verified truths: fail exactly where get_state_buf_infos indexes a None buffer."""
     result = npd006(cli, release(version), DEEPSEEK_V3)
