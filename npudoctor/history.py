@@ -58,6 +58,8 @@ def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None
     if not releases:
         return Upstream(None, None)
     newest = releases[-1]
+    if not any(check_id in w.get("results", {}) for w in data.get("witnesses", {}).values()):
+        return Upstream(None, None)  # a check the history has not run yet (a new one): it cannot tell
     every = _witnesses(data, check_id)
     witnesses = [w for w in every if _matches(w, facts)] or every
     if not witnesses:
