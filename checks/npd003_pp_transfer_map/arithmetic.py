@@ -46,6 +46,9 @@ _SAFE_BUILTINS = {
 }  # fmt: skip
 
 
+_MAX_LAYERS = 10_000  # far above any served model: a larger count is not a model npudoctor evaluates
+
+
 class CannotEvaluate(Exception):
     """The release's function cannot be run alone on the modelled inputs."""
 
@@ -126,6 +129,14 @@ def partition_function(tree: SourceTree) -> tuple[ast.FunctionDef, str, str] | N
 
 def stage_ranges(tree: SourceTree, split: Split) -> tuple[list[tuple[int, int]], str]:
     """Each prefill stage's ``(start, end)`` from the release's ``get_pp_indices``, and where it is."""
+    if (
+        not 0 < split.prefill_pp <= split.num_layers <= _MAX_LAYERS
+        or not 0 <= split.draft_layers <= _MAX_LAYERS
+    ):
+        raise CannotEvaluate(
+            f"{split.num_layers} layers (+ {split.draft_layers} draft) over prefill PP {split.prefill_pp}: "
+            "not a split npudoctor evaluates"
+        )
     found = partition_function(tree)
     if found is None:
         raise CannotEvaluate(f"no get_pp_indices in {PP_MODULE}")
@@ -188,7 +199,7 @@ def mha_stage(splitter: FunctionRef, split: Split, stage: int, start: int, end: 
     sys.settrace(trace)
     try:
         result = function(manager, source, target)
-    except AttributeError as error:
+    except (AttributeError, NameError) as error:  # something the function alone does not have
         raise CannotEvaluate(f"{splitter.qualname} reads {error}, which the model does not give") from error
     except Exception as error:
         outcome.raised = f"{type(error).__name__}: {error}"
