@@ -7,6 +7,15 @@ with ``ast`` and test every CP metadata read and every split of the query on it.
 reaching metadata class defines, and a fixed midpoint split of q where the metadata describes
 several requests and no admission gate limits a CP batch to one, and warns where a call on the
 path cannot be followed.
+
+Issue 12 (the whole NPU CP prefill path): ``npu_readers`` finds every NPU function that reads CP
+metadata or asks for the CP strategy (the entries are those no other reader calls);
+``PathScope`` says which of them the deployment runs (attention family by the reader's name,
+``self.use_mla`` tests, ``enable_*`` switches the role does not set, tests that are false on NPU)
+and which CP strategy its virtual calls go to; ``deployed_metadata`` decides which metadata class
+the batch holds (the strategy's under CP-v2, else the model-level one), so a read is checked
+against what the deployment's preparation really stores; a strategy step that only raises
+``NotImplementedError`` fails.
 """
 
 from __future__ import annotations
