@@ -91,6 +91,12 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
         )
     except livepools.CannotBuild as reason:
         return "unknown", Evidence(expected, str(reason), code_location(cls, "__init__"))
+    except Exception as error:  # sglang's constructor raised: before the tables, outside the property
+        if raising_location(error) is None:
+            raise
+        return "unknown", Evidence(
+            expected, f"the pool could not be built on CPU: {_raised(error)}", raising_location(error)
+        )
     if not callable(getattr(pool, TABLES[0], None)):
         return "unknown", Evidence(
             expected,
