@@ -460,17 +460,29 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
             raise
     runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
     server_args_class = importlib.import_module(liveprocess.SERVER_ARGS_MODULE).ServerArgs
-    if runtime is None or not hasattr(runtime, "get_context") or dataclasses.is_dataclass(server_args_class):
+    in_context = runtime is not None and hasattr(runtime, "get_context")
+    record = dataclasses.is_dataclass(server_args_class)
+    if not in_context or record:
         # a dataclass record (<= 0.5.19) is published without its __post_init__, which asks the device
-        with liveprocess.published_server_args(role, model):
-            return call()
+        try:
+            with liveprocess.published_server_args(role, model):
+                return call()
+        except Exception as error:
+            if not (in_context and liveprocess.needs_process_state(error)):
+                raise
+            # 0.5.19's publish resolves the record, which asks the device: set it into the context as is
     context = runtime.get_context()
     accepted = inspect.signature(server_args_class).parameters
     given = {k: v for k, v in role.server_args.items() if k in accepted}
     given["disaggregation_mode"] = role.disaggregation_mode
     saved = [(part, _state_of(part)) for part in _context_parts(context)]
     try:
-        server_args = server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given)
+        if record:
+            server_args = liveprocess.dataclass_instance(
+                server_args_class, {**given, "model_path": liveprocess.PROBE_MODEL_PATH}
+            )
+        else:
+            server_args = server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given)
         if model is not None:
             _memoise_model_config(server_args, liveprocess.served_model_config(model))
         context.set_server_args(server_args)
