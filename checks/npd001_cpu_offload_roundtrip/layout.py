@@ -72,6 +72,10 @@ def token_slots(tensor: Tensor) -> Sym | None:
 
 
 def addresses_tokens(tensor: Tensor) -> bool:
+    """Whether indexing the view's first dimension with token slots addresses one token per row; a
+    zero-width buffer (a placeholder with nothing to copy) trivially does."""
+    if tensor.numel.coef == 0:
+        return True
     return bool(tensor.shape) and tensor.shape[0] == token_slots(tensor)
 
 
@@ -289,6 +293,8 @@ def _view(tensor: Tensor, nodes: list[ast.expr], values: list[Any]) -> Any:
         for dim in dims:
             if dim is not None:
                 known = known * dim
+        if known.coef == 0:
+            return UNKNOWN  # a zero-width placeholder: -1 is not determined
         dims[dims.index(None)] = tensor.numel / known
     return Tensor(tuple(dims))
 

@@ -46,7 +46,19 @@ def static_probe(
         for cls in classes:
             problems = _offload_problems(tree, cls)
             if not any(status is Status.FAIL for status, _ in problems):
-                problems += _layout_problems(tree, cls, facts, role)
+                try:
+                    problems += _layout_problems(tree, cls, facts, role)
+                except Exception as error:  # the evaluator met code it cannot run: cannot tell, never crash
+                    problems.append(
+                        (
+                            Status.WARN,
+                            Evidence(
+                                expected=f"{cls.name}: buffer views npudoctor can evaluate",
+                                observed=f"the static layout evaluation stopped: {type(error).__name__}: {error}",
+                                location=Location(cls.relpath, cls.line, cls.name),
+                            ),
+                        )
+                    )
             evidence.extend(e for _, e in problems)
             if not problems:
                 evidence.append(_round_trip_ok(tree, cls, facts, role))
