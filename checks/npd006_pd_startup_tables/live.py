@@ -8,6 +8,7 @@ import gc
 import importlib
 import sys
 import traceback
+import types
 from typing import Any
 
 from npudoctor import livepools, liveprocess
@@ -23,22 +24,30 @@ BASE_MODULE = "sglang.srt.disaggregation.base"
 
 
 def import_table_modules() -> None:
-    """The disaggregation utils (``setup_state_kv_args``) and the ``KVArgs`` container."""
-    importlib.import_module(UTILS_MODULE)
-    importlib.import_module(BASE_MODULE)
+    """The ``KVArgs`` container and the disaggregation utils, where the release has
+    ``setup_state_kv_args`` (0.5.12+). Older releases fill the tables in ``_init_kv_manager``
+    from the pool alone; the probe needs neither module there, and their imports reach far
+    (``server_args`` and, on 0.5.4, a pydantic schema over a stood-in ``xgrammar``)."""
+    utils = liveprocess.imported_tree().module_path(UTILS_MODULE)
+    if utils is not None and b"def setup_state_kv_args(" in utils.read_bytes():
+        importlib.import_module(BASE_MODULE)
+        importlib.import_module(UTILS_MODULE)
 
 
 def kv_args_class() -> type:
     """The ``KVArgs`` container ``_init_kv_manager`` fills: ``get_kv_class(backend, KVARGS)``
     returns ``disaggregation.base.KVArgs`` for every transfer backend in every release (0.5.19+
     says so: "Every backend shares the same KVArgs container"), so the backend's own modules
-    (networking, engines) need not be imported for the tables."""
-    return sys.modules[BASE_MODULE].KVArgs
+    (networking, engines) need not be imported for the tables. Where the release has no
+    ``setup_state_kv_args`` nothing of sglang reads the container while the tables are built (the
+    pools' builders do not see it): a plain namespace stands for it."""
+    base = sys.modules.get(BASE_MODULE)
+    return base.KVArgs if base is not None else types.SimpleNamespace
 
 
 def producer() -> Any:
     """The release's ``setup_state_kv_args`` (0.5.12+), or None."""
-    return getattr(sys.modules[UTILS_MODULE], "setup_state_kv_args", None)
+    return getattr(sys.modules.get(UTILS_MODULE), "setup_state_kv_args", None)
 
 
 def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str, ...]) -> Probe:
