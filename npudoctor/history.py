@@ -60,10 +60,11 @@ def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None
     newest = releases[-1]
     if not any(check_id in w.get("results", {}) for w in data.get("witnesses", {}).values()):
         return Upstream(None, None)  # a check the history has not run yet (a new one): it cannot tell
-    every = _witnesses(data, check_id)
-    witnesses = [w for w in every if _matches(w, facts)] or every
+    witnesses = _witnesses(data, check_id)
+    if facts.described and facts.model is not None:  # else nothing to match on: every witness speaks
+        witnesses = [w for w in witnesses if _matches(w, facts)]
     if not witnesses:
-        return Upstream(None, newest)
+        return Upstream(None, None)  # no witness of the deployment's kind runs the check: it cannot tell
     after = version_key(version) if version else ()
     if after and version_key(newest) <= after:
         return Upstream(None, None)  # no later release checked: the history cannot tell
@@ -83,12 +84,21 @@ def _witnesses(data: dict, check_id: str) -> list[dict]:
 
 
 def _matches(witness: dict, facts: Facts) -> bool:
-    if not facts.described or facts.model is None:
-        return False  # nothing to match on: every witness of the check speaks
+    """Whether the witness builds the deployment's code path: the same attention kind (MHA and GQA
+    share their pools), FIA setting, and V head dim against K's (an MHA pool whose V is not as wide as
+    K gets buffers of its own: NPD001 on 0.5.14+ is wrong for it only)."""
     fia = any(role.use_fia for role in facts.roles)
     attention = facts.model.attention.value
     same_kind = witness["attention"] == attention or {witness["attention"], attention} <= {"mha", "gqa"}
-    return same_kind and witness["fia"] == fia
+    v_differs = witness.get("v_head_dim_differs", False) == v_head_dim_differs(
+        attention, facts.model.head_dim, facts.model.v_head_dim
+    )
+    return same_kind and witness["fia"] == fia and v_differs
+
+
+def v_head_dim_differs(attention: str, head_dim: int | None, v_head_dim: int | None) -> bool:
+    """An MHA/GQA model whose V head dim is not K's (MLA's always differ: its latent layout is its own)."""
+    return attention in ("mha", "gqa") and v_head_dim not in (None, head_dim)
 
 
 def _fixed_from(statuses: dict[str, str], releases: list[str], after: tuple[int, ...]) -> str | None:

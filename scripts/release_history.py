@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from npudoctor import history
+
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "npudoctor" / "data" / "history.json"
 # name -> example deployment: the attention kinds and FIA settings a finding is matched on
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                     "deployment": f"examples/{WITNESSES[name]}",
                     "attention": model["attention"],
                     "fia": any(role["use_fia"] for role in report["deployment"]["roles"]),
+                    "v_head_dim_differs": history.v_head_dim_differs(
+                        model["attention"], model["head_dim"], model["v_head_dim"]
+                    ),
                     "results": {},
                 },
             )

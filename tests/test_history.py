@@ -82,3 +82,24 @@ def test_the_report_carries_the_history_advice(cli, release):
     assert remediation["fixed_in"] == "0.5.13" and remediation["unfixed_as_of"] is None
     assert remediation["advice"].startswith("Upgrade sglang to 0.5.13 or later")
     assert "npudoctor fix --apply --select NPD001" in remediation["advice"]
+
+
+def test_no_witness_of_the_deployments_kind_gives_no_upgrade_advice(tmp_path):
+    """A release that fixed the witnesses' path need not have fixed the deployment's: a GQA model
+    whose V head dim is not K's (MiMo-V2-Flash, 192/128) builds its own V buffers, and NPD001 is
+    wrong for them from 0.5.14 through the newest release, while the Qwen3 witnesses pass from
+    0.5.13. With no witness of that kind, the history says nothing rather than "upgrade to 0.5.16"."""
+    config = json.loads((EXAMPLES / "models" / "qwen3-30b-a3b" / "config.json").read_text())
+    config.update(head_dim=192, v_head_dim=128)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    deployment = tmp_path / "mimo-like.yaml"
+    deployment.write_text(
+        (EXAMPLES / "qwen3-moe-pd.yaml").read_text().replace("models/qwen3-30b-a3b/config.json", "config.json")
+    )
+    facts = from_yaml(deployment).facts
+    assert facts.model.v_head_dim == 128 and facts.model.head_dim == 192
+    assert history.upstream("NPD001", facts, "0.5.15") == history.Upstream(None, None)
+    # the same model with V as wide as K is the witnesses' kind: their advice holds
+    config.update(v_head_dim=192)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert history.upstream("NPD001", from_yaml(deployment).facts, "0.5.12").fixed_in == "0.5.13"
