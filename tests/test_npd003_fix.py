@@ -417,9 +417,9 @@ def test_the_replacement_refuses_lists_it_cannot_map(release):
     assert (dst_k, dst_v) == (list(range(30, 61)), list(range(61 + 30, 61 + 61)))  # V at 61 + layer, not 62
 
 
-# Releases where `npudoctor check --with-fix NPD003` (the live child with the fix in place) was run
-# on Llama-3-70B PP 3 with an EAGLE3 draft layer on decode: every one from 0.5.12.
-WITH_FIX = ["0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17"]
+# Every release the fix replaces the MHA splitter on: `npudoctor check --with-fix NPD003` (the live
+# child with the fix in place) on Llama-3-70B PP 3 with an EAGLE3 draft layer on decode.
+WITH_FIX = [f"0.5.{minor}" for minor in range(12, 24)]  # 0.5.12 ... 0.5.23
 
 
 @pytest.mark.slow
@@ -433,5 +433,7 @@ def test_with_fix_cures_the_llama_split_on_every_later_release(live_report, tmp_
     assert (result["status"], result["depth"]) == ("pass", "live"), result["summary"]
     assert result["summary"].startswith("with runtime fix NPD003:")
     assert any("the installed source, read statically: fail" in a for a in result["assumptions"])
-    stages = [e["observed"] for e in result["evidence"] if e["observed"].startswith("prefill stage")]
-    assert len(stages) == 3 and all("via get_mha_kv_ptrs_with_pp (npudoctor fix" in s for s in stages)
+    observed = [e["observed"] for e in result["evidence"] if e["observed"].startswith("prefill stage")]
+    stages = [line for line in observed if line.endswith("(live, CPU)")]
+    assert len(stages) == 3 and all("via get_mha_kv_ptrs_with_pp (npudoctor fix" in s for s in stages), stages
+    assert all("pairs wrong" in line for line in observed if line.endswith("(static, evaluated)"))
