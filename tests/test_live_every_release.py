@@ -2,7 +2,7 @@
 
 One CPU dependency set (requirements-live.txt) for all of them: what a release imports and this
 host lacks is stood in (``npudoctor.standins``) and named in the report. For each release and each
-deployment (MLA PD with prefill PP, MHA PD with FIA on and off), every check in the deployment's
+deployment (MLA PD with prefill PP, MLA with the indexer PD with decode MTP, MHA PD with FIA on and off), every check in the deployment's
 scope gets its live probe run: no check loses it to an import failure, none ends in ``error``.
 The releases come from PyPI's index (kept in the release cache after the first run).
 """
@@ -18,8 +18,14 @@ DEPLOYMENTS = {
     "mla-pd-pp": EXAMPLES / "deepseek-v3-pd.yaml",
     "mha-pd-fia": EXAMPLES / "qwen3-moe-pd-fia.yaml",
     "mha-pd": EXAMPLES / "qwen3-moe-pd.yaml",
+    "mla-indexer-pd-mtp": EXAMPLES / "deepseek-v3.2-pd.yaml",  # the release history's MLA+indexer witness
 }
-FAMILY = {"mla-pd-pp": "mla", "mha-pd-fia": KIND_FAMILY["gqa"], "mha-pd": KIND_FAMILY["gqa"]}
+FAMILY = {
+    "mla-pd-pp": "mla",
+    "mha-pd-fia": KIND_FAMILY["gqa"],
+    "mha-pd": KIND_FAMILY["gqa"],
+    "mla-indexer-pd-mtp": "mla+indexer",
+}
 # truths not stated for a deployment: NPD001's are the MLA pool's and the page-major MHA pool's;
 # with FIA the MHA pool's per-layer token views round-trip (known.yaml, 0.5.12 notes)
 NOT_STATED = {("NPD001", "mha-pd-fia")}
