@@ -101,8 +101,8 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
     except livepools.CannotBuild as reason:
         return "unknown", Evidence(expected, str(reason), code_location(cls, "__init__"))
     except Exception as error:  # sglang's constructor raised: before the tables, outside the property
-        if raising_location(error) is None:
-            raise
+        if raising_location(error) is None or liveprocess.unpublished_parallel_name(error) is not None:
+            raise  # npudoctor's own bug, or a parallel width liveprocess.in_role sets and retries with
         return "unknown", Evidence(
             expected, f"the pool could not be built on CPU: {_raised(error)}", raising_location(error)
         )
@@ -115,8 +115,8 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
     try:
         kv_args = assemble_kv_args(args_class, pool, draft, model, role)
     except Exception as error:
-        if raising_location(error) is None:
-            raise  # npudoctor's own bug: an error result, not a finding
+        if raising_location(error) is None or liveprocess.unpublished_parallel_name(error) is not None:
+            raise  # npudoctor's own bug (an error result), or a parallel width in_role sets and retries with
         if liveprocess.needs_process_state(error) or "not published" in str(error):
             return "unknown", Evidence(
                 expected,
