@@ -618,7 +618,6 @@ class _FamilyOutcome:
     findings: list[tuple[Status, Evidence]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: str = ""
-    crashes: list[str] = field(default_factory=list)  # sglang's PD bootstrap exceptions, by type
 
 
 def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: RoleFacts) -> _FamilyOutcome:
