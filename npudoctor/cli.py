@@ -505,7 +505,9 @@ def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check 
     except KeyError:  # a check without a runtime fix (NPD000)
         fix = None
     if fix is not None:
-        console.print(f"\n[bold]Runtime fix[/] ({fix.safety.value})\n{escape(fix.title)}: {escape(fix.provenance)}.")
+        console.print(
+            f"\n[bold]Runtime fix[/] ({fix.safety.value})\n{escape(fix.title)}: {escape(fix.provenance)}."
+        )
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
     if doc:
         console.print(f"\n[bold]What the check tests[/]\n{escape(doc)}")

@@ -100,7 +100,13 @@ def broken_import(release, overlay) -> Path:
     return tree
 
 
-LIVE_CHECKS = {"NPD001", "NPD002", "NPD003", "NPD005", "NPD006"}  # in scope for DeepSeek-V3 PD (no CP: NPD004 skips)
+LIVE_CHECKS = {
+    "NPD001",
+    "NPD002",
+    "NPD003",
+    "NPD005",
+    "NPD006",
+}  # in scope for DeepSeek-V3 PD (no CP: NPD004 skips)
 INJECTED = "sglang does not import here: ImportError: injected: libfoo.so missing"
 
 

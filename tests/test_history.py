@@ -94,7 +94,9 @@ def test_no_witness_of_the_deployments_kind_gives_no_upgrade_advice(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     deployment = tmp_path / "mimo-like.yaml"
     deployment.write_text(
-        (EXAMPLES / "qwen3-moe-pd.yaml").read_text().replace("models/qwen3-30b-a3b/config.json", "config.json")
+        (EXAMPLES / "qwen3-moe-pd.yaml")
+        .read_text()
+        .replace("models/qwen3-30b-a3b/config.json", "config.json")
     )
     facts = from_yaml(deployment).facts
     assert facts.model.v_head_dim == 128 and facts.model.head_dim == 192

@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from npudoctor import livepools, liveprocess
+from npudoctor import kvargs, livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.livecode import code_location, exception_evidence, raising_location, relative
 from npudoctor.results import Evidence, Location, Status
 
-UTILS_MODULE = "sglang.srt.disaggregation.utils"
+UTILS_MODULE = kvargs.UTILS_MODULE
 PP_MODULE = "sglang.srt.distributed.utils"
 # Page indices one request occupies on each side: two contiguous runs, so the mapping is
 # exercised with more than one transfer block per buffer.
@@ -229,11 +229,6 @@ def kv_classes() -> tuple[type, type]:
     )
 
 
-def producer() -> Callable | None:
-    """The installed ``setup_state_kv_args`` (0.5.12+), which sets ``kv_buf_groups`` and the layer counts."""
-    return getattr(sys.modules[UTILS_MODULE], "setup_state_kv_args", None)
-
-
 def build_side(
     cls: type,
     model: ModelFacts,
@@ -265,41 +260,15 @@ def assemble_kv_args(
     stage: int,
     errors: list[BaseException],
 ) -> Any:
-    """``kv_args`` as ``_init_kv_manager`` fills them, for the fields the transfer mapping reads.
+    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.kvargs``), completed by sglang's
+    own ``setup_state_kv_args`` where the release has it.
 
-    sglang's own ``setup_state_kv_args`` completes them where the release has it. It also
-    registers the pools' *state* buffers, which travel by another path than
+    That producer also registers the pools' *state* buffers, which travel by another path than
     ``send_kvcache``; if the pool cannot even report those (0.5.12's NPU MLA pool without an
-    indexer raises ``TypeError``), the exception is kept in ``errors`` and the producer runs
-    again with the pool reporting none, so the KV mapping can still be probed."""
-    prefill = role.disaggregation_mode == "prefill"
-    kv_args = kv_args_class()
-    kv_args.engine_rank = 0
-    kv_args.pp_rank = stage
-    kv_args.system_dp_rank = 0
-    if prefill:
-        kv_args.prefill_pp_size = role.pp_size
-        kv_args.prefill_start_layer = pool.start_layer
-        kv_args.prefill_end_layer = getattr(pool, "end_layer", None)
-        kv_args.mla_compression_ratios = None
-    ptrs, lens, items = pool.get_contiguous_buf_infos()
-    draft_entries = 0
-    if draft_pool is not None:
-        draft_ptrs, draft_lens, draft_items = draft_pool.get_contiguous_buf_infos()
-        ptrs, lens, items = ptrs + draft_ptrs, lens + draft_lens, items + draft_items
-        draft_entries = len(draft_ptrs)
-    kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = ptrs, lens, items
-    kv_args.num_draft_entries = draft_entries
-    kv_args.kv_layer_ids = _layer_ids(pool, draft_pool, draft_entries, model)
-    if not model.attention.is_mla:
-        kv_args.kv_head_num = pool.head_num
-        kv_args.total_kv_head_num = model.num_kv_heads
-    kv_args.page_size = pool.page_size
-    kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = [], [], []
-    kv_args.state_data_ptrs, kv_args.state_data_lens, kv_args.state_item_lens = [], [], []
-    kv_args.ib_device = None
-    kv_args.gpu_id = 0
-    setup = producer()
+    indexer raises ``TypeError``: NPD006's finding), the exception is kept in ``errors`` and the
+    producer runs again with the pool reporting none, so the KV mapping can still be probed."""
+    kv_args = kvargs.initial_kv_args(kv_args_class, pool, draft_pool, model, role, stage)
+    setup = kvargs.state_producer()
     if setup is not None:
         try:
             setup(kv_args, pool, draft_pool, model.num_layers, req_to_token_pool=None)
@@ -310,18 +279,6 @@ def assemble_kv_args(
             with _no_state_buffers(pool, draft_pool):
                 setup(kv_args, pool, draft_pool, model.num_layers, req_to_token_pool=None)
     return kv_args
-
-
-def _layer_ids(pool: Any, draft_pool: Any, draft_entries: int, model: ModelFacts) -> list[int]:
-    build = getattr(sys.modules[UTILS_MODULE], "build_kv_layer_ids", None)  # 0.5.2x
-    if build is None:
-        return []
-    return build(
-        token_to_kv_pool=pool,
-        draft_token_to_kv_pool=draft_pool,
-        num_draft_entries=draft_entries,
-        num_hidden_layers=model.num_layers,
-    )
 
 
 def _raised_in(error: BaseException, function: str) -> bool:
@@ -743,7 +700,7 @@ class _StageProbe:
 
 
 def _producer_note() -> str:
-    setup = producer()
+    setup = kvargs.state_producer()
     if setup is None:
         return "live: no setup_state_kv_args in this release: kv_args as its _init_kv_manager fills them"
     where = code_location(setup)

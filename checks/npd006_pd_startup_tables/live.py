@@ -11,7 +11,7 @@ import traceback
 import types
 from typing import Any
 
-from npudoctor import livepools, liveprocess
+from npudoctor import kvargs, livepools, liveprocess
 from npudoctor.check import Probe
 from npudoctor.facts import ModelFacts, RoleFacts
 from npudoctor.livecode import code_location, raising_location, relative
@@ -19,7 +19,7 @@ from npudoctor.results import Evidence
 
 from .verdict import TABLES, Kind, verdict
 
-UTILS_MODULE = "sglang.srt.disaggregation.utils"
+UTILS_MODULE = kvargs.UTILS_MODULE
 BASE_MODULE = "sglang.srt.disaggregation.base"
 
 
@@ -45,15 +45,10 @@ def kv_args_class() -> type:
     return base.KVArgs if base is not None else types.SimpleNamespace
 
 
-def producer() -> Any:
-    """The release's ``setup_state_kv_args`` (0.5.12+), or None."""
-    return getattr(sys.modules.get(UTILS_MODULE), "setup_state_kv_args", None)
-
-
 def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str, ...]) -> Probe:
     evidence: list[Evidence] = []
     failing, unknown, checked = [], [], []
-    setup = producer()
+    setup = kvargs.state_producer()
     where = code_location(setup) if setup is not None else None
     notes = [
         "live: kv_args completed by sglang's setup_state_kv_args"
@@ -145,38 +140,14 @@ def _raised(error: BaseException) -> str:
 
 
 def assemble_kv_args(args_class: type, pool: Any, draft_pool: Any, model: ModelFacts, role: RoleFacts) -> Any:
-    """``kv_args`` as ``_init_kv_manager`` fills them for the tables (NPD003's assembly, without
-    its workaround: here an exception of sglang's is the finding).
+    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.kvargs``), state tables included,
+    without NPD003's workaround: here an exception of sglang's is the finding.
 
     With ``setup_state_kv_args`` (0.5.12+) the release's own producer fills the state tables;
     before it, ``_init_kv_manager`` asked ``token_to_kv_pool.get_state_buf_infos()`` when the pool
     has the method (0.5.4-0.5.11), which is what is done here."""
-    kv_args = args_class()
-    kv_args.engine_rank = 0
-    kv_args.pp_rank = 0
-    kv_args.system_dp_rank = 0
-    if role.disaggregation_mode == "prefill":
-        kv_args.prefill_pp_size = role.pp_size
-        kv_args.prefill_start_layer = pool.start_layer
-        kv_args.prefill_end_layer = getattr(pool, "end_layer", None)
-        kv_args.mla_compression_ratios = None
-    ptrs, lens, items = pool.get_contiguous_buf_infos()
-    draft_entries = 0
-    if draft_pool is not None:
-        draft_ptrs, draft_lens, draft_items = draft_pool.get_contiguous_buf_infos()
-        ptrs, lens, items = ptrs + draft_ptrs, lens + draft_lens, items + draft_items
-        draft_entries = len(draft_ptrs)
-    kv_args.kv_data_ptrs, kv_args.kv_data_lens, kv_args.kv_item_lens = ptrs, lens, items
-    kv_args.num_draft_entries = draft_entries
-    if not model.attention.is_mla:
-        kv_args.kv_head_num = pool.head_num
-        kv_args.total_kv_head_num = model.num_kv_heads
-    kv_args.page_size = pool.page_size
-    kv_args.aux_data_ptrs, kv_args.aux_data_lens, kv_args.aux_item_lens = [], [], []
-    kv_args.state_data_ptrs, kv_args.state_data_lens, kv_args.state_item_lens = [], [], []
-    kv_args.ib_device = None
-    kv_args.gpu_id = 0
-    setup = producer()
+    kv_args = kvargs.initial_kv_args(args_class, pool, draft_pool, model, role)
+    setup = kvargs.state_producer()
     if setup is not None:
         setup(kv_args, pool, draft_pool, model.num_layers, req_to_token_pool=None)
     elif hasattr(pool, TABLES[1]):
