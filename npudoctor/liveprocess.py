@@ -72,21 +72,70 @@ def with_parallel(
     if runtime is None or not hasattr(runtime, "get_parallel"):
         return probe()
     values = dict(values or {})
+    leaves: dict[str, Any] = {}  # configured leaves the override refuses: published instead
     while True:
         try:
-            with runtime.get_parallel().override(**values):
+            with published_parallel_leaves(runtime, leaves), runtime.get_parallel().override(**values):
                 return probe()
         except (RuntimeError, ValueError) as error:
             unknown = _UNKNOWN_PARALLEL.search(str(error))
             names = re.findall(r"'(\w+)'", unknown.group(1)) if unknown else []
             if any(name in values for name in names):
                 for name in names:
-                    values.pop(name, None)
+                    if name in values:
+                        leaves[name] = values.pop(name)
                 continue
             missing = unpublished_parallel_name(error)
             if missing is None or missing in values or len(values) > 64:
                 raise
             values[missing] = default(missing)
+
+
+@contextlib.contextmanager
+def published_parallel_leaves(runtime: Any, leaves: dict[str, Any]) -> Iterator[None]:
+    """The runtime context's ``parallel`` config bag published with ``leaves`` set, the release's
+    declared defaults for its other leaves, as the scheduler's publish wires it
+    (``RuntimeContext.set_server_args``: ``self.parallel._config = bags["parallel"]``); unset after.
+
+    Only for the leaves of that namespace the scoped override refuses and while nothing is
+    published: 0.5.20's ``override`` takes only widths/ranks/groups, while its
+    ``get_cp_strategy`` reads ``get_parallel().enable_prefill_cp``/``cp_strategy`` from the bag
+    (0.5.21+ let the override set them; 0.5.14-0.5.19 publish a dataclass ``ServerArgs``). Widths
+    a release derives at publish stay unset: the probe states them through the override."""
+    context = runtime.get_parallel()
+    names = getattr(runtime, "_parallel_config_leaves", None)
+    bag_class = getattr(runtime, "_ConfigBag", None)
+    if not leaves or getattr(context, "_config", True) is not None or names is None or bag_class is None:
+        yield
+        return
+    declared = set(names())
+    if not declared.intersection(leaves):
+        yield
+        return
+    cls = getattr(sys.modules.get(SERVER_ARGS_MODULE), "ServerArgs", None)
+    msgspec = sys.modules.get("msgspec")
+    if dataclasses.is_dataclass(cls):
+        fields: Any = dataclasses.fields(cls)
+    elif msgspec is not None and isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        fields = msgspec.structs.fields(cls)  # 0.5.20+: ServerArgs is a msgspec record
+    else:
+        fields = ()
+    absent = (dataclasses.MISSING, getattr(msgspec, "NODEFAULT", dataclasses.MISSING))
+    bag = bag_class("parallel")
+    for field in fields:
+        if field.name not in declared or field.name in leaves:
+            continue
+        if not any(field.default is a for a in absent):
+            bag._set(field.name, field.default)
+        elif not any(field.default_factory is a for a in absent):
+            bag._set(field.name, field.default_factory())
+    for name in declared.intersection(leaves):
+        bag._set(name, leaves[name])
+    context._config = bag
+    try:
+        yield
+    finally:
+        context._config = None
 
 
 def unpublished_parallel_name(error: BaseException) -> str | None:

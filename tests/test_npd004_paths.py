@@ -158,3 +158,38 @@ def test_interleave_fails_live(cli, release, tmp_path, version, raised):
     assert raised in result["summary"]
     where = INTERLEAVE["evidence"][version].split("live: ", 1)[1]
     assert any(loc in where for loc in locations(result)), (where, locations(result))
+
+
+# ----- live on the releases whose CP settings live in the parallel namespace (0.5.20-0.5.22) -----
+NAMESPACED = ("0.5.20", "0.5.21", "0.5.22")
+# zigzag with the new flags on every release that has them; interleave where its metadata gap is
+# what live reaches (0.5.15's and 0.5.23's own failures are test_interleave_fails_live's)
+# 0.5.19 is left out: publishing its dataclass ServerArgs runs sglang's resolution pipeline
+# (runtime_context.publish -> ServerArgs.resolve_once), which asks the accelerator and reads the
+# model's files; live cannot tell there (a known gap of the probe, not a verdict).
+LIVE_STRATEGIES = [(v, "zigzag") for v in INTERLEAVE["present"] if v != "0.5.19"] + [
+    (v, "interleave") for v in NAMESPACED
+]
+
+
+@pytest.mark.parametrize(
+    ("version", "strategy"),
+    [
+        pytest.param(v, s, marks=() if (v, s) == ("0.5.20", "zigzag") else pytest.mark.slow)
+        for v, s in LIVE_STRATEGIES
+    ],
+)
+def test_live_runs_the_cp_strategy_the_deployment_selects(cli, release, tmp_path, version, strategy):
+    """0.5.20's get_cp_strategy reads enable_prefill_cp/cp_strategy from the published `parallel`
+    bag, which its scoped override cannot set: the live probe publishes them (liveprocess
+    published_parallel_leaves), so sglang builds the strategy and the FIA CP path really runs:
+    zigzag passes (not 'cannot tell'), interleave fails at the truth's file:line where present."""
+    result = npd004(cli, release(version), deployment(tmp_path, "qwen3-30b-a3b", strategy), depth="live")
+    assert result["depth"] == "live", result["summary"]
+    if strategy == "interleave" and version in INTERLEAVE["present"]:
+        assert result["status"] == "fail", result["summary"]
+        assert INTERLEAVE["evidence"][version].split()[0] in locations(result), locations(result)
+        assert "has no attribute 'total_q_prev_tokens'" in result["summary"]
+    else:
+        assert result["status"] == "pass", result["summary"]
+        assert "every output row of every rank matches" in json.dumps(result["evidence"])
