@@ -193,3 +193,21 @@ def test_live_runs_the_cp_strategy_the_deployment_selects(cli, release, tmp_path
     else:
         assert result["status"] == "pass", result["summary"]
         assert "every output row of every rank matches" in json.dumps(result["evidence"])
+
+
+# ----- DeepSeek-V3.2 with interleave: the NPU indexer's DSA CP branch (0.5.21, 0.5.22) -----------
+DSA_INTERLEAVE = STRATEGIES["interleave_dsa_indexer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", DSA_INTERLEAVE["present"])
+def test_dsa_indexer_with_interleave_fails_at_the_truths_file_line(cli, release, tmp_path, version):
+    """0.5.21+ accept only interleave for DeepSeek-V3.2 prefill CP, and on NPU the indexer's DSA CP
+    branch (is_dsa_enable_prefill_cp true there) reads actual_seq_q_*_tensor, which the
+    interleave metadata the model runner's prepare_cp_forward builds does not define."""
+    result = npd004(cli, release(version), deployment(tmp_path, "deepseek-v3.2", "interleave"))
+    assert result["status"] == "fail", result["summary"]
+    assert "(MLA with the DSA/NSA indexer, interleave strategy)" in result["summary"]
+    first = DSA_INTERLEAVE["evidence"][version].split()[0]
+    assert first in locations(result), (first, locations(result))
+    assert "actual_seq_q_prev_tensor" in result["summary"]
