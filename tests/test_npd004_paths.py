@@ -195,16 +195,17 @@ def test_live_runs_the_cp_strategy_the_deployment_selects(cli, release, tmp_path
         assert "every output row of every rank matches" in json.dumps(result["evidence"])
 
 
-# ----- DeepSeek-V3.2 with interleave: the NPU indexer's DSA CP branch (0.5.21, 0.5.22) -----------
+# ----- DeepSeek-V3.2 with interleave: the NPU indexer's DSA CP branch (0.5.17-0.5.19, 0.5.21, 0.5.22) -----
 DSA_INTERLEAVE = STRATEGIES["interleave_dsa_indexer"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", DSA_INTERLEAVE["present"])
 def test_dsa_indexer_with_interleave_fails_at_the_truths_file_line(cli, release, tmp_path, version):
-    """0.5.21+ accept only interleave for DeepSeek-V3.2 prefill CP, and on NPU the indexer's DSA CP
-    branch (is_dsa_enable_prefill_cp true there) reads actual_seq_q_*_tensor, which the
-    interleave metadata the model runner's prepare_cp_forward builds does not define."""
+    """Interleave is V3.2's CP-v2 strategy (0.5.17-0.5.19 switch CP-v2 on for it; 0.5.21+ reject
+    zigzag), and on NPU the indexer's DSA CP branch (is_dsa_enable_prefill_cp true there; 0.5.20
+    returns False on NPU) reads actual_seq_q_*_tensor, which the interleave metadata the model
+    runner's prepare_cp_forward builds does not define (known.yaml: the path, file:line)."""
     result = npd004(cli, release(version), deployment(tmp_path, "deepseek-v3.2", "interleave"))
     assert result["status"] == "fail", result["summary"]
     assert "(MLA with the DSA/NSA indexer, interleave strategy)" in result["summary"]
