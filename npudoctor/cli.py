@@ -485,6 +485,7 @@ def _fixed_in_history(item) -> str:
 @app.command()
 def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")]) -> None:
     """Why a check matters, when its defect bites, and how to fix it."""
+    from npudoctor import history
     from npudoctor.check import all_checks
     from npudoctor.fix import fix_by_id
 
@@ -497,7 +498,9 @@ def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check 
     console.print(f"[bold]Why it matters[/]\n{escape(item.why)}\n")
     console.print(f"[bold]When it bites[/]\n{escape(item.bites_when)}\n")
     console.print(f"[bold]How to fix[/]\n{escape(item.how_to_fix)}")
-    console.print(f"Upstream (release history npudoctor checked): {escape(_fixed_in_history(item))}.")
+    console.print(f"Upstream (release history npudoctor checked): {escape(_fixed_in_history(item))}", end="")
+    witnesses = history.witness_deployments(item.id) if item.upstream_history else []
+    console.print(f" (on {escape(', '.join(witnesses))})." if witnesses else ".")
     for url in item.upstream:
         console.print(f"Upstream: {url}")
     try:

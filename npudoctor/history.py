@@ -74,6 +74,11 @@ def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None
     return Upstream(max(fixes, key=version_key), newest)
 
 
+def witness_deployments(check_id: str, data: dict | None = None) -> list[str]:
+    """The example deployments on which the history ran ``check_id`` (not ``skip`` everywhere)."""
+    return [w["deployment"] for w in _witnesses(_load() if data is None else data, check_id)]
+
+
 def _witnesses(data: dict, check_id: str) -> list[dict]:
     """The witness deployments the check applies to (not ``skip`` on every release)."""
     return [

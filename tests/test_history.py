@@ -105,3 +105,13 @@ def test_no_witness_of_the_deployments_kind_gives_no_upgrade_advice(tmp_path):
     config.update(v_head_dim=192)
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert history.upstream("NPD001", from_yaml(deployment).facts, "0.5.12").fixed_in == "0.5.13"
+
+
+def test_explain_says_on_which_deployments_the_history_saw_the_fix(cli):
+    """"fixed in X" holds for the witnesses, not for every deployment (NPD003's MHA splitter is still
+    wrong on uneven splits in the newest release): explain names them."""
+    code, out, _ = cli("explain", "NPD003")
+    text = " ".join(out.split())
+    witnesses = history.witness_deployments("NPD003")
+    assert code == 0 and witnesses
+    assert f"(on {', '.join(witnesses)})" in text
