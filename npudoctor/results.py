@@ -106,6 +106,7 @@ class Report:
     fail_on: Status = Status.FAIL
     tool_version: str = ""
     live: dict[str, Any] | None = None  # what the live child cost, or why it could not run
+    depth: str = "auto"  # the depth asked for (static, live or auto)
 
     def findings(self) -> list[Result]:
         """Results at or above ``fail_on`` that no ignore entry covers."""
@@ -118,6 +119,7 @@ class Report:
             "target": asdict(self.target),
             "deployment": self.deployment,
             "fail_on": self.fail_on.value,
+            "depth": self.depth,
             "live": self.live,
             "results": [r.to_dict() for r in self.results],
             "summary": self.counts(),

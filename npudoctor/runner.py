@@ -107,6 +107,7 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         fail_on=Status(request.fail_on),
         tool_version=__version__,
         live=live_summary,
+        depth=request.depth,
     )
 
 
@@ -147,6 +148,7 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
             sorted(outcome.stood_in.items())
         ),  # not installed here -> the check that imported it
         "not_run": dict(sorted(outcome.not_run.items())),  # check id -> why its live probe did not run
+        "fixes": dict(sorted(outcome.fixes.items())),  # runtime fix id -> "applied" or why not (--with-fix)
     }
 
 

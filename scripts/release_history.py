@@ -61,13 +61,25 @@ def verdicts(tree: Path, deployment: Path) -> dict:
 
 
 def _reports(directory: Path, chosen: dict[str, str]) -> dict[tuple[str, str], dict]:
-    """(witness, release) -> a report made before, for the chosen witnesses' example files."""
+    """(witness, release) -> a report made before, for the chosen witnesses' example files: one
+    of ``check --depth auto`` with every check and no runtime fix (a report of ``--select``,
+    ``--with-fix`` or another depth answers another question)."""
+    from npudoctor.check import all_checks
+
     by_file = {example: name for name, example in chosen.items()}
+    every_check = {c.id for c in all_checks()}
     found = {}
     for path in sorted(directory.glob("*.json")):
         report = json.loads(path.read_text())
-        name = by_file.get(report["deployment"]["source"].rpartition("/")[2])
-        if name is not None and report.get("live", {}).get("ran") is not None:
+        name = by_file.get((report["deployment"].get("source") or "").rpartition("/")[2])
+        live = report.get("live") or {}
+        if (
+            name is not None
+            and report.get("depth") == "auto"
+            and {r["id"] for r in report["results"]} == every_check
+            and live.get("ran") is not None
+            and not live.get("fixes")
+        ):
             found[(name, report["target"]["version"])] = report
     return found
 

@@ -24,6 +24,7 @@ SCENARIO = {  # the witness on which each check's truths are stated (tests/test_
     "NPD002": "qwen3-moe-pd-fia",
     "NPD003": "deepseek-v3-pd",
     "NPD005": "deepseek-v3-pd",
+    "NPD006": "deepseek-v3-pd",
 }
 
 
@@ -115,3 +116,36 @@ def test_explain_says_on_which_deployments_the_history_saw_the_fix(cli):
     witnesses = history.witness_deployments("NPD003")
     assert code == 0 and witnesses
     assert f"(on {', '.join(witnesses)})" in text
+
+
+def test_history_takes_only_reports_that_answer_its_question(tmp_path):
+    """scripts/release_history.py --reports reuses test reports: only a ``check --depth auto`` with
+    every check and no runtime fix is a release's verdict (a --with-fix report of 0.5.14 once
+    turned DeepSeek-V3's NPD005 failure into a pass)."""
+    import importlib.util
+
+    from conftest import REPO
+    from npudoctor.check import all_checks
+
+    spec = importlib.util.spec_from_file_location("release_history", REPO / "scripts" / "release_history.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    every = [{"id": c.id, "status": "pass"} for c in all_checks()]
+
+    def report(name: str, **changes) -> None:
+        body = {
+            "target": {"version": "0.5.14"},
+            "deployment": {"source": "examples/deepseek-v3-pd.yaml"},
+            "depth": "auto",
+            "live": {"ran": True, "fixes": {}},
+            "results": every,
+        }
+        (tmp_path / f"{name}.json").write_text(json.dumps({**body, **changes}))
+
+    report("with-fix", live={"ran": True, "fixes": {"NPD005": "applied"}})
+    report("selected", results=every[:1])
+    report("live-depth", depth="live")
+    chosen = {"deepseek-v3-pd": "deepseek-v3-pd.yaml"}
+    assert script._reports(tmp_path, chosen) == {}
+    report("plain")
+    assert list(script._reports(tmp_path, chosen)) == [("deepseek-v3-pd", "0.5.14")]
