@@ -109,7 +109,7 @@ def test_no_witness_of_the_deployments_kind_gives_no_upgrade_advice(tmp_path):
 
 
 def test_explain_says_on_which_deployments_the_history_saw_the_fix(cli):
-    """"fixed in X" holds for the witnesses, not for every deployment (NPD003's MHA splitter is still
+    """ "fixed in X" holds for the witnesses, not for every deployment (NPD003's MHA splitter is still
     wrong on uneven splits in the newest release): explain names them."""
     code, out, _ = cli("explain", "NPD003")
     text = " ".join(out.split())
@@ -124,8 +124,9 @@ def test_history_takes_only_reports_that_answer_its_question(tmp_path):
     turned DeepSeek-V3's NPD005 failure into a pass)."""
     import importlib.util
 
-    from conftest import REPO
     from npudoctor.check import all_checks
+
+    from conftest import REPO
 
     spec = importlib.util.spec_from_file_location("release_history", REPO / "scripts" / "release_history.py")
     script = importlib.util.module_from_spec(spec)
