@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from npudoctor.errors import InputError, short_repr
@@ -198,6 +198,32 @@ class Facts:
 
 
 NO_DEPLOYMENT = Facts(model=None, roles=(), source="none")
+
+# The MLA models checks assume when no model is given (DeepSeek-V3.2's dimensions, and V3's: the
+# same without the NSA indexer), shared so that every check assumes the same model.
+ASSUMED_MLA_INDEXER = ModelFacts(
+    source="assumed (MLA with the NSA indexer, DeepSeek-V3.2 dimensions)",
+    model_type=None,
+    architectures=(),
+    attention=AttentionKind.MLA_INDEXER,
+    num_layers=61,
+    num_heads=128,
+    num_kv_heads=128,
+    head_dim=192,
+    v_head_dim=128,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    index_head_dim=128,
+    index_n_heads=64,
+    nextn_layers=1,
+)
+ASSUMED_MLA = replace(
+    ASSUMED_MLA_INDEXER,
+    source="assumed (MLA without indexer, DeepSeek-V3 dimensions)",
+    attention=AttentionKind.MLA,
+    index_head_dim=None,
+    index_n_heads=None,
+)
 
 
 def role_facts(

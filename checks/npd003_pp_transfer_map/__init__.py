@@ -41,7 +41,7 @@ import dataclasses
 
 from npudoctor import history, livepools
 from npudoctor.check import Check, Probe
-from npudoctor.facts import AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.facts import ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
 from npudoctor.pools import pool_family
 from npudoctor.results import Status
 from npudoctor.target import Target
@@ -54,22 +54,7 @@ from .arithmetic import Split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
 # stages goes wrong. One KV head per rank for MHA: the mapping does not depend on heads.
 _ASSUMED_MODELS = {
-    "mla": ModelFacts(
-        source="assumed (MLA with the NSA indexer, DeepSeek-V3.2 dimensions)",
-        model_type=None,
-        architectures=(),
-        attention=AttentionKind.MLA_INDEXER,
-        num_layers=61,
-        num_heads=128,
-        num_kv_heads=128,
-        head_dim=192,
-        v_head_dim=128,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        index_head_dim=128,
-        index_n_heads=64,
-        nextn_layers=1,
-    ),
+    "mla": ASSUMED_MLA_INDEXER,
     "mha": ModelFacts(
         source="assumed (GQA, 61 layers, 1 KV head per rank)",
         model_type=None,

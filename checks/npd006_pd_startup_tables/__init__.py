@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from npudoctor import livepools
 from npudoctor.check import Check, Probe
-from npudoctor.facts import AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.facts import ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
 from npudoctor.pools import pool_family
 from npudoctor.results import Status
 from npudoctor.target import Target
@@ -49,40 +49,12 @@ _ASSUMED = (
     Kind(
         "MLA without indexer (assumed, DeepSeek-V3 dimensions)",
         "mla",
-        ModelFacts(
-            source="assumed (MLA without indexer, DeepSeek-V3 dimensions)",
-            model_type=None,
-            architectures=(),
-            attention=AttentionKind.MLA,
-            num_layers=61,
-            num_heads=128,
-            num_kv_heads=128,
-            head_dim=192,
-            v_head_dim=128,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-            nextn_layers=1,
-        ),
+        ASSUMED_MLA,
     ),
     Kind(
         "MLA with the NSA indexer (assumed, DeepSeek-V3.2 dimensions)",
         "mla",
-        ModelFacts(
-            source="assumed (MLA with the NSA indexer, DeepSeek-V3.2 dimensions)",
-            model_type=None,
-            architectures=(),
-            attention=AttentionKind.MLA_INDEXER,
-            num_layers=61,
-            num_heads=128,
-            num_kv_heads=128,
-            head_dim=192,
-            v_head_dim=128,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-            index_head_dim=128,
-            index_n_heads=64,
-            nextn_layers=1,
-        ),
+        ASSUMED_MLA_INDEXER,
     ),
     Kind(
         "GQA (assumed, 48 layers, 4 KV heads)",
