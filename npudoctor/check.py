@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from npudoctor import history
+from npudoctor import cache, history
 from npudoctor.results import Depth, Evidence, Remediation, Result, Status
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class Check:
         if skip is not None:
             return self.result(skip.status, Depth.STATIC, skip.summary, skip.evidence, skip.assumptions)
         if static is None and self.reads_source(facts, depth):
-            static = self.static(target, facts)
+            static = cached_static(self, target, facts)
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
         result = verdict(self, static, live_probe, live_note, fix_outcome)
@@ -335,8 +335,16 @@ def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str)
         for check in checks:
             with contextlib.suppress(Exception):
                 if check.reads_source(facts, depth):
-                    probes[check.id] = check.static(target, facts)
+                    probes[check.id] = cached_static(check, target, facts)
     return probes
+
+
+def cached_static(check: Check, target: Target, facts: Facts) -> Probe:
+    """``check.static(target, facts)``: a function of the target's source and the deployment only,
+    so answered from the static-result cache (``npudoctor.cache``) when this code already ran it."""
+    return cache.remembered(
+        f"static {check.id}", target.cache_key, lambda: check.static(target, facts), repr(facts)
+    )
 
 
 @contextlib.contextmanager

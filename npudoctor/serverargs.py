@@ -34,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from npudoctor import cache
 from npudoctor.errors import InputError
 from npudoctor.redact import redact_value
 from npudoctor.results import Location
@@ -425,7 +426,7 @@ def validate_arguments(facts: Facts, target: Target) -> None:
     release knows are left to NPD000 (a finding: the server would refuse to start)."""
     if not facts.roles:
         return
-    table = read_table(target.tree)
+    table = cache.remembered("server-args table", target.cache_key, lambda: read_table(target.tree))
     if table is None:
         return  # no ServerArgs npudoctor can read: NPD000 says so
     release = f"sglang {target.version}" if target.version else "this sglang"

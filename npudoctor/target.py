@@ -39,6 +39,14 @@ class Target:
     def tree(self) -> SourceTree:
         return SourceTree(self.package_dir)
 
+    @cached_property
+    def cache_key(self) -> tuple[str, str, str]:
+        """The tree as it is now (where, which version, each ``.py`` file's path, size and mtime):
+        what the static-result cache (``npudoctor.cache``) keys this tree's answers by."""
+        from npudoctor.cache import tree_fingerprint
+
+        return (str(self.package_dir), str(self.version), tree_fingerprint(self.package_dir))
+
     def release(self) -> None:
         """Free the parsed source now (``SourceTree.release``); a later ``tree`` parses again."""
         tree = self.__dict__.pop("tree", None)

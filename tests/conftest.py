@@ -141,6 +141,24 @@ def exclusive(lock: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_static_cache(tmp_path_factory):
+    """The session's fixtures (shared live runs, built states) write no cache in the user's home."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NPUDOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("npudoctor-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def static_cache(tmp_path, monkeypatch) -> Path:
+    """Each test its own static-result cache (``npudoctor.cache``), for itself and the processes it
+    starts: a probe one test computed never answers another test (which may patch npudoctor)."""
+    directory = tmp_path / "npudoctor-cache"
+    monkeypatch.setenv("NPUDOCTOR_CACHE_DIR", str(directory))
+    monkeypatch.delenv("NPUDOCTOR_NO_CACHE", raising=False)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def release(shared_dir):
     """``release("0.5.12")`` -> directory holding that release's ``sglang/`` (fetched once, cached;
