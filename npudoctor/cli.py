@@ -11,6 +11,7 @@ import datetime as dt
 import io
 import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -94,64 +95,44 @@ class Role(str, Enum):
     decode = "decode"
 
 
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
-    epilog=(
-        "Deployment: --config deploy.yaml, or a launch command after '--' "
-        "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...), "
-        "or --model-path with the flags below. With none, every check assumes the conditions "
-        "under which its defect bites and says so.\n\n" + EXIT_CODES_HELP
-    ),
-)
-def check(
-    ctx: typer.Context,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Deployment YAML (model, env, roles, ignore).")
-    ] = None,
-    model_path: Annotated[
-        Path | None, typer.Option("--model-path", help="Local model directory (its config.json is read).")
-    ] = None,
-    role: Annotated[
-        Role | None, typer.Option("--disaggregation-mode", help="With --model-path: the server's PD role.")
-    ] = None,
-    pp_size: Annotated[int | None, typer.Option("--pp-size", min=1, help="With --model-path.")] = None,
-    tp_size: Annotated[int | None, typer.Option("--tp-size", min=1, help="With --model-path.")] = None,
-    page_size: Annotated[int | None, typer.Option("--page-size", min=1, help="With --model-path.")] = None,
-    env: Annotated[
-        list[str] | None, typer.Option("--env", "-e", help="With --model-path: NAME=VALUE, repeatable.")
-    ] = None,
-    sglang_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--sglang-path", help="Check this unpacked wheel or source tree instead of the installed sglang."
-        ),
-    ] = None,
-    depth: Annotated[
-        Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
-    ] = (Depth.auto),
-    select: Annotated[
-        list[str] | None, typer.Option("--select", "-s", help="Run only these check ids (repeatable).")
-    ] = None,
-    output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write the report here, not stdout.")
-    ] = None,
-    fail_on: Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")] = FailOn.fail,
-    ignore: Annotated[
-        list[str] | None,
-        typer.Option("--ignore", help="ID or ID:YYYY-MM-DD: accept this check's finding (until the date)."),
-    ] = None,
-    with_fix: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--with-fix",
-            help="Run the live probes with this runtime fix applied, as `npudoctor run --select ID` would "
-            "(repeatable): shows whether the fix cures the deployment.",
-        ),
-    ] = None,
-) -> None:
-    """Probe sglang against a deployment and report the known defects it has."""
-    from npudoctor.runner import CheckRequest, run
+# The deployment and selection options `check` and `advise` share.
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Deployment YAML (model, env, roles, ignore).")
+]
+ModelPathOption = Annotated[
+    Path | None, typer.Option("--model-path", help="Local model directory (its config.json is read).")
+]
+RoleOption = Annotated[
+    Role | None, typer.Option("--disaggregation-mode", help="With --model-path: the server's PD role.")
+]
+PpSizeOption = Annotated[int | None, typer.Option("--pp-size", min=1, help="With --model-path.")]
+TpSizeOption = Annotated[int | None, typer.Option("--tp-size", min=1, help="With --model-path.")]
+PageSizeOption = Annotated[int | None, typer.Option("--page-size", min=1, help="With --model-path.")]
+EnvOption = Annotated[
+    list[str] | None, typer.Option("--env", "-e", help="With --model-path: NAME=VALUE, repeatable.")
+]
+SelectOption = Annotated[
+    list[str] | None, typer.Option("--select", "-s", help="Run only these check ids (repeatable).")
+]
+OutputOption = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the report here, not stdout.")
+]
+FailOnOption = Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")]
+IgnoreOption = Annotated[
+    list[str] | None,
+    typer.Option("--ignore", help="ID or ID:YYYY-MM-DD: accept this check's finding (until the date)."),
+]
+
+
+def _ids(values: list[str] | None) -> list[str]:
+    """Repeatable id options, each also taking a comma-separated list."""
+    return [s for item in (values or []) for s in item.split(",") if s]
+
+
+def _check_request(ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select, fail_on,
+                   ignore):  # fmt: skip
+    """The ``CheckRequest`` of the deployment options, a launch command after ``--`` included."""
+    from npudoctor.runner import CheckRequest
 
     if ctx.args and ctx.args[0].startswith("-"):
         raise InputError(f"unknown option {ctx.args[0]!r} (a launch command goes after '--')")
@@ -165,20 +146,68 @@ def check(
         )
         if value is not None
     }
-    request = CheckRequest(
+    return CheckRequest(
         config=config,
         launch_command=list(ctx.args),
         model_path=model_path,
         server_flags=flags,
         env_flags=list(env or []),
-        sglang_path=sglang_path,
         depth=depth.value,
-        select=[s for item in (select or []) for s in item.split(",") if s],
+        select=_ids(select),
         fail_on=fail_on.value,
         ignore=list(ignore or []),
         today=dt.date.today(),
-        with_fixes=[s for item in (with_fix or []) for s in item.split(",") if s],
     )
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+    epilog=(
+        "Deployment: --config deploy.yaml, or a launch command after '--' "
+        "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...), "
+        "or --model-path with the flags below. With none, every check assumes the conditions "
+        "under which its defect bites and says so.\n\n" + EXIT_CODES_HELP
+    ),
+)
+def check(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    model_path: ModelPathOption = None,
+    role: RoleOption = None,
+    pp_size: PpSizeOption = None,
+    tp_size: TpSizeOption = None,
+    page_size: PageSizeOption = None,
+    env: EnvOption = None,
+    sglang_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--sglang-path", help="Check this unpacked wheel or source tree instead of the installed sglang."
+        ),
+    ] = None,
+    depth: Annotated[
+        Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
+    ] = (Depth.auto),
+    select: SelectOption = None,
+    output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
+    output: OutputOption = None,
+    fail_on: FailOnOption = FailOn.fail,
+    ignore: IgnoreOption = None,
+    with_fix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--with-fix",
+            help="Run the live probes with this runtime fix applied, as `npudoctor run --select ID` would "
+            "(repeatable): shows whether the fix cures the deployment.",
+        ),
+    ] = None,
+) -> None:
+    """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.runner import run
+
+    request = _check_request(ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select,
+                             fail_on, ignore)  # fmt: skip
+    request.sglang_path = sglang_path
+    request.with_fixes = _ids(with_fix)
     report = run(request, progress=err if err.is_terminal else None)
     _emit(report, output_format.value if output_format else "text", output)
     raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
@@ -192,14 +221,7 @@ def _emit(report, format_name: str, output: Path | None) -> None:
 
         Console(highlight=False).print(renderable(report))
     else:
-        text = renderer(format_name)(report)
-        if output is None:
-            sys.stdout.write(text)
-        else:
-            try:
-                output.write_text(text, encoding="utf-8", errors="backslashreplace")
-            except OSError as error:
-                raise InputError(f"--output {output}: cannot write ({error.strerror})") from None
+        _write(renderer(format_name)(report), output)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if format_name == "github" and summary_path:
         from npudoctor.formatters.github import write_step_summary
@@ -208,6 +230,112 @@ def _emit(report, format_name: str, output: Path | None) -> None:
             write_step_summary(report, summary_path)
         except OSError as error:
             raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
+
+
+class AdviseFormat(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+    junit = "junit"
+    sarif = "sarif"
+    github = "github"
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+    epilog=(
+        "Releases: by default every release on the package index from the installed sglang to the "
+        "newest; --releases 0.5.9..0.5.23 (or A.., A,B,C) a range of the index; --wheel-dir DIR the "
+        "wheels in DIR, offline (with --releases: those of them in the range); --sglang-path (repeatable) "
+        "trees of your own, checked first. Wheels are fetched once with `pip download --no-deps` into "
+        "$NPUDOCTOR_SGLANG_CACHE (default ~/.cache/npudoctor/sglang); a release that cannot be had is a "
+        "row saying why. The deployment options are those of `npudoctor check`.\n\n"
+        "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
+        "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
+        "checked (or no sglang to start from)."
+    ),
+)
+def advise(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    model_path: ModelPathOption = None,
+    role: RoleOption = None,
+    pp_size: PpSizeOption = None,
+    tp_size: TpSizeOption = None,
+    page_size: PageSizeOption = None,
+    env: EnvOption = None,
+    releases: Annotated[
+        str | None,
+        typer.Option("--releases", "-r", metavar="A..B", help="Releases to check: A..B, A.., A,B,C or A."),
+    ] = None,
+    wheel_dir: Annotated[
+        Path | None, typer.Option("--wheel-dir", help="Check the sglang wheels in this directory (offline).")
+    ] = None,
+    sglang_path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--sglang-path", help="Also check this unpacked wheel or source tree, first (repeatable)."
+        ),
+    ] = None,
+    depth: Annotated[
+        Depth, typer.Option(help="static (default): read each release's source; auto/live: also run it.")
+    ] = Depth.static,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            help="Releases checked at once (0: 1 at static depth, every core at auto/live).",
+        ),
+    ] = 0,
+    select: SelectOption = None,
+    output_format: Annotated[AdviseFormat, typer.Option("--format", "-f")] = AdviseFormat.text,
+    output: OutputOption = None,
+    fail_on: FailOnOption = FailOn.fail,
+    ignore: IgnoreOption = None,
+) -> None:
+    """Which sglang release to run for this deployment: check a range of releases and recommend."""
+    from npudoctor.advise import AdviseRequest, exit_status
+    from npudoctor.advise import advise as run_advise
+    from npudoctor.formatters import advice as advice_format
+
+    request = AdviseRequest(
+        check=_check_request(
+            ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select, fail_on, ignore
+        ),  # fmt: skip
+        releases=releases,
+        wheel_dir=wheel_dir,
+        sglang_paths=list(sglang_path or []),
+        jobs=jobs,
+    )
+    if output is not None and output.is_dir():
+        raise InputError(f"--output {output}: is a directory")
+    started = time.perf_counter()
+    result = run_advise(request, on_row=lambda i, n, row: _say(advice_format.row_line(i, n, row)))
+    _say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
+    fmt = output_format.value
+    if fmt == "text" and output is None:
+        Console(highlight=False).print(advice_format.renderable(result))
+    else:
+        _write(advice_format.render(result, fmt, __version__), output)
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if fmt == "github" and summary_path:
+        try:
+            advice_format.write_step_summary(result, summary_path)
+        except OSError as error:
+            raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
+    raise typer.Exit(exit_status(result))
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8", errors="backslashreplace")
+    except OSError as error:
+        raise InputError(f"--output {output}: cannot write ({error.strerror})") from None
 
 
 @app.command(

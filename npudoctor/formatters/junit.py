@@ -20,7 +20,7 @@ from npudoctor.results import Report, Result, Status
 _ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def _clean(text: object) -> str:
+def clean(text: object) -> str:
     return _ILLEGAL_XML.sub("", str(text))
 
 
@@ -53,35 +53,35 @@ def render(report: Report) -> str:
         ("sglang.source", report.target.source),
         ("fail_on", report.fail_on.value),
     ):
-        ET.SubElement(properties, "property", {"name": name, "value": _clean(value)})
+        ET.SubElement(properties, "property", {"name": name, "value": clean(value)})
 
     for result in results:
-        _testcase(suite, result)
+        testcase(suite, result)
 
     ET.indent(root)
     body = ET.tostring(root, encoding="unicode")
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
 
 
-def _testcase(suite: ET.Element, result: Result) -> None:
+def testcase(suite: ET.Element, result: Result) -> None:
     case = ET.SubElement(
         suite,
         "testcase",
-        {"classname": _clean(f"npudoctor.{result.id}"), "name": _clean(f"{result.id} {result.title}")},
+        {"classname": clean(f"npudoctor.{result.id}"), "name": clean(f"{result.id} {result.title}")},
     )
-    details = _clean(_details(result))
+    details = clean(_details(result))
     if result.ignored is not None:
-        child = ET.SubElement(case, "skipped", {"message": _clean(f"ignored: {result.ignored}")})
+        child = ET.SubElement(case, "skipped", {"message": clean(f"ignored: {result.ignored}")})
         child.text = details
     elif result.status is Status.FAIL:
-        child = ET.SubElement(case, "failure", {"message": _clean(result.summary), "type": "fail"})
+        child = ET.SubElement(case, "failure", {"message": clean(result.summary), "type": "fail"})
         child.text = details
     elif result.status is Status.ERROR:
         message = result.error or result.summary
-        child = ET.SubElement(case, "error", {"message": _clean(message), "type": "error"})
+        child = ET.SubElement(case, "error", {"message": clean(message), "type": "error"})
         child.text = details
     elif result.status is Status.SKIP:
-        ET.SubElement(case, "skipped", {"message": _clean(result.summary)})
+        ET.SubElement(case, "skipped", {"message": clean(result.summary)})
     else:  # warn passes, pass passes; the evidence goes to system-out
         out = ET.SubElement(case, "system-out")
         out.text = details

@@ -1,0 +1,218 @@
+"""The formats of ``npudoctor advise``: a release x check matrix and the recommendation.
+
+Every format carries the same ``Advice``: ``text`` (rich, fits 80 columns: one short cell per
+check), ``json`` (one ``check`` report per release, plus the recommendation), ``markdown`` (for
+a pull request), ``junit`` (one test suite per release, the checks as its test cases), ``sarif``
+(one run per checked release, so a code-scanning view can tell releases apart) and ``github``
+(annotations for the baseline's findings, one notice with the recommendation, and the Markdown
+in ``$GITHUB_STEP_SUMMARY`` when set).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from npudoctor.advise import Advice, Row, cell
+from npudoctor.formatters import github, junit, markdown, sarif
+from npudoctor.formatters.text import STYLE
+from npudoctor.results import Status
+
+FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
+_SHORT = {
+    Status.PASS: "pass",
+    Status.SKIP: "skip",
+    Status.WARN: "WARN",
+    Status.FAIL: "FAIL",
+    Status.ERROR: "ERROR",
+}
+
+
+def render(advice: Advice, format_name: str, tool_version: str) -> str:
+    if format_name == "json":
+        return json.dumps(advice.to_dict(tool_version), indent=2) + "\n"
+    if format_name == "markdown":
+        return render_markdown(advice)
+    if format_name == "junit":
+        return render_junit(advice)
+    if format_name == "sarif":
+        return render_sarif(advice)
+    if format_name == "github":
+        return render_github(advice)
+    buffer = io.StringIO()
+    Console(file=buffer, width=100, no_color=True, highlight=False).print(renderable(advice))
+    return buffer.getvalue()
+
+
+# ----- text -----------------------------------------------------------------------------
+def renderable(advice: Advice) -> RenderableType:
+    # no vertical rules and no edges: seven checks and the marks fit 80 columns
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    table.add_column("sglang", no_wrap=True)
+    for check_id in advice.check_ids:
+        table.add_column(check_id, no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for row in advice.rows:
+        cells = []
+        for check_id in advice.check_ids:
+            status = cell(row, check_id)
+            cells.append("-" if status is None else f"[{STYLE[status]}]{_SHORT[status]}[/]")
+        marks = []
+        if row.subject.installed:
+            marks.append("installed")
+        if row.subject.label == advice.recommendation.baseline and not row.subject.installed:
+            marks.append("baseline")
+        if row.error is not None:
+            marks.append("not checked")
+        elif row.subject.label == advice.recommendation.earliest_clean:
+            marks.append("earliest clean")
+        table.add_row(escape(row.subject.label), *cells, ", ".join(marks))
+    parts: list[RenderableType] = [
+        Text(f"npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", style="bold"),
+        table,
+    ]
+    unchecked = [row for row in advice.rows if row.error is not None]
+    if unchecked:
+        parts.append(Text("Not checked:", style="bold"))
+        parts.extend(Text(f"  {row.subject.label}: {row.error}") for row in unchecked)
+    for note in advice.notes:
+        parts.append(Text(f"note: {note}"))
+    parts.append(Text("Recommendation:", style="bold"))
+    parts.extend(Text(f"  {line}") for line in recommendation_lines(advice))
+    return Group(*parts)
+
+
+def recommendation_lines(advice: Advice) -> list[str]:
+    """The recommendation in plain sentences (text and Markdown say the same)."""
+    rec = advice.recommendation
+    if rec.baseline is None:
+        return ["nothing was checked"]
+    lines = []
+    base = advice.baseline_row
+    if base is not None and base.report is None:
+        lines.append(f"{rec.baseline} (the baseline) could not be checked: {base.error}")
+    elif rec.baseline_findings:
+        lines.append(
+            f"{rec.baseline} (the baseline) has {len(rec.baseline_findings)} finding(s): {', '.join(rec.baseline_findings)}"
+        )
+        applies = [c.check_id for c in rec.cures if c.action == "apply"]
+        for cure in rec.cures:
+            lines.append(f"  {cure.check_id}: runtime fix {cure.action} ({cure.safety}): {cure.reason}")
+        uncured = [f for f in rec.baseline_findings if f not in applies]
+        if applies:
+            unsafe = any(c.safety == "unsafe" for c in rec.cures if c.action == "apply")
+            lines.append(
+                f"until you move: npudoctor fix --apply --select {','.join(applies)}"
+                + (" --unsafe" if unsafe else "")
+            )
+        if uncured:
+            lines.append(f"no runtime fix applies to {', '.join(uncured)} on {rec.baseline}")
+    else:
+        lines.append(f"{rec.baseline} (the baseline) has no findings for this deployment")
+    if rec.earliest_clean is None:
+        lines.append("no checked release is free of findings for this deployment")
+    elif rec.earliest_clean != rec.baseline:
+        lines.append(f"move to sglang {rec.earliest_clean}: the earliest checked release with no findings")
+    for regression in rec.regressions:
+        lines.append(
+            f"regression: {regression.check_id} is a finding again in {regression.release} "
+            f"(not in {regression.clean_in})"
+        )
+    return lines
+
+
+# ----- markdown -------------------------------------------------------------------------
+def render_markdown(advice: Advice) -> str:
+    header = "| sglang | " + " | ".join(advice.check_ids) + " | |"
+    lines = [f"## npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", "", header]
+    lines.append("|" + " --- |" * (len(advice.check_ids) + 2))
+    for row in advice.rows:
+        cells = []
+        for check_id in advice.check_ids:
+            status = cell(row, check_id)
+            cells.append(
+                "-" if status is None else (f"**{_SHORT[status]}**" if status.severity else _SHORT[status])
+            )
+        note = markdown.cell(row.error) if row.error else ("installed" if row.subject.installed else "")
+        lines.append(f"| {markdown.cell(row.subject.label)} | " + " | ".join(cells) + f" | {note} |")
+    lines += ["", "### Recommendation", ""]
+    lines += [f"- {markdown.cell(line.strip())}" for line in recommendation_lines(advice)]
+    lines += [f"- note: {markdown.cell(note)}" for note in advice.notes]
+    return "\n".join(lines) + "\n"
+
+
+# ----- junit ----------------------------------------------------------------------------
+def render_junit(advice: Advice) -> str:
+    root = ET.Element("testsuites", {"name": "npudoctor advise"})
+    totals = {"tests": 0, "failures": 0, "errors": 0}
+    for row in advice.rows:
+        suite = ET.SubElement(root, "testsuite", {"name": junit.clean(f"sglang {row.subject.label}")})
+        results = row.report.results if row.report is not None else ()
+        counts = {
+            "tests": len(results) or 1,
+            "failures": sum(1 for r in results if r.ignored is None and r.status is Status.FAIL),
+            "errors": sum(1 for r in results if r.ignored is None and r.status is Status.ERROR),
+            "skipped": sum(1 for r in results if r.ignored is not None or r.status is Status.SKIP)
+            or int(not results),
+        }
+        suite.attrib.update({k: str(v) for k, v in counts.items()})
+        for key in totals:
+            totals[key] += counts[key]
+        if row.report is None:  # a release that could not be had does not turn the build red by itself
+            case = ET.SubElement(
+                suite, "testcase", {"classname": "npudoctor.advise", "name": "fetch and check"}
+            )
+            ET.SubElement(case, "skipped", {"message": junit.clean(row.error or "")})
+        for result in results:
+            junit.testcase(suite, result)
+    root.attrib.update({k: str(v) for k, v in totals.items()})
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# ----- sarif ----------------------------------------------------------------------------
+def render_sarif(advice: Advice) -> str:
+    runs = []
+    for row in advice.rows:
+        if row.report is None:
+            continue
+        run = json.loads(sarif.render(row.report))["runs"][0]
+        run["automationDetails"] = {"id": f"npudoctor-advise/sglang-{row.subject.label}/"}
+        runs.append(run)
+    return json.dumps({"$schema": sarif.SCHEMA_URI, "version": "2.1.0", "runs": runs}, indent=2) + "\n"
+
+
+# ----- github ---------------------------------------------------------------------------
+def render_github(advice: Advice) -> str:
+    base = advice.baseline_row
+    lines = []
+    if base is not None and base.report is not None:
+        lines.append(github.render(base.report).rstrip("\n"))
+    summary = "; ".join(line.strip() for line in recommendation_lines(advice))
+    lines.append(f"::notice title=npudoctor advise::{github.escape_data(summary)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_step_summary(advice: Advice, path: str) -> None:
+    with open(path, "a", encoding="utf-8", errors="backslashreplace") as handle:
+        if handle.tell() > 0:
+            handle.write("\n")
+        handle.write(render_markdown(advice))
+
+
+def row_line(index: int, total: int, row: Row) -> str:
+    """The progress line of one release (stderr, on a terminal and in CI logs)."""
+    if row.report is None:
+        outcome = f"not checked: {row.error}"
+    elif row.findings:
+        outcome = f"{len(row.findings)} finding(s): {', '.join(row.findings)}"
+    else:
+        outcome = "no findings"
+    return f"[{index}/{total}] sglang {row.subject.label}: {outcome} ({row.seconds:.1f} s)"
