@@ -1,0 +1,94 @@
+"""The static-result cache (``npudoctor.cache``) never answers for code that changed: a second
+run gives the first run's report, an edited tree or another deployment is a new answer, and a
+damaged or unwritable cache costs only the speed."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import EXAMPLES, json_report, replace_text, result_of
+
+DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"
+QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
+POOL = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
+
+
+def entries(cache) -> list:
+    return sorted(cache.glob("static/*/*.pickle"))
+
+
+def test_a_second_run_reads_the_first_runs_answers(cli, release, static_cache):
+    tree = release("0.5.12")
+    first = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK)
+    stored = entries(static_cache)
+    assert len(stored) > sum(r["status"] in ("pass", "fail") for r in first["results"])  # + the server-args table
+    times = [p.stat().st_mtime_ns for p in stored]
+    second = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK)
+    assert second == first
+    assert [p.stat().st_mtime_ns for p in entries(static_cache)] == times  # read, not written again
+
+
+def test_an_edited_tree_is_checked_again(cli, release, overlay, static_cache):
+    """The fixed 0.5.15 pool passes; the same tree with 0.5.9's item formula fails, cache or not."""
+    tree = overlay(release("0.5.15"))
+    assert (
+        result_of(json_report(cli, "--sglang-path", tree, "--config", QWEN_FIA), "NPD002")["status"] == "pass"
+    )
+    source = (tree / POOL).read_text()
+    start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
+    end = source.index("else:", start)
+    replace_text(
+        tree / POOL, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes")
+    )
+    assert (
+        result_of(json_report(cli, "--sglang-path", tree, "--config", QWEN_FIA), "NPD002")["status"] == "fail"
+    )
+
+
+def test_another_deployment_is_another_answer(cli, release):
+    tree = release("0.5.12")
+    mla = result_of(
+        json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK, "--select", "NPD001"), "NPD001"
+    )
+    gqa = result_of(
+        json_report(cli, "--sglang-path", tree, "--config", QWEN_FIA, "--select", "NPD001"), "NPD001"
+    )
+    assert "NPUMLATokenToKVPool" in mla["summary"] and "NPUMLATokenToKVPool" not in gqa["summary"]
+
+
+def test_a_damaged_entry_is_a_miss(cli, release, static_cache):
+    tree = release("0.5.12")
+    first = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK)
+    for path in entries(static_cache):
+        path.write_bytes(b"not a pickle")
+    assert json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK) == first
+
+
+def test_an_unwritable_cache_costs_only_the_speed(cli, release, tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("NPUDOCTOR_CACHE_DIR", str(blocked / "cache"))  # below a file: cannot be made
+    report = json_report(cli, "--sglang-path", release("0.5.12"), "--config", DEEPSEEK)
+    assert result_of(report, "NPD001")["status"] == "fail"
+
+
+def test_no_cache_writes_nothing(cli, release, static_cache, monkeypatch):
+    monkeypatch.setenv("NPUDOCTOR_NO_CACHE", "1")
+    json_report(cli, "--sglang-path", release("0.5.12"), "--config", DEEPSEEK, "--select", "NPD001")
+    assert not static_cache.exists()
+
+
+def test_advise_json_carries_the_cached_reports_unchanged(cli, release, monkeypatch):
+    """A warm advise gives the cold one's answer (the reports differ in nothing but timing)."""
+    from conftest import fetch_sglang
+
+    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
+    release("0.5.12")
+    runs = []
+    for _ in range(2):
+        code, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.12", "-f", "json")
+        data = json.loads(out)
+        for row in data["releases"]:
+            row.pop("seconds")
+        runs.append(data)
+    assert runs[0] == runs[1]
