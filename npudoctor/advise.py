@@ -12,18 +12,19 @@ and answers from the matrix:
 
 Releases come from the release cache (``npudoctor.releases``), fetched as wheels with ``pip
 download --no-deps`` or unpacked from ``--wheel-dir`` (offline); a release that cannot be had
-is a row saying why. The static depth runs every release in this process (the static-result
-cache makes a second run cheap); ``--depth live``/``auto`` run up to ``jobs`` releases at once,
-each with its own live child.
+is a row saying why. Up to ``jobs`` releases are checked at once (one per core by default): at
+the static depth in worker processes, at ``auto``/``live`` each with its own live child; the
+static-result cache (``npudoctor.cache``) makes a second run over the same releases cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,47 +131,36 @@ class AdviseRequest:
     wheel_dir: Path | None = None
     sglang_paths: list[Path] = field(default_factory=list)
     cache: Path | None = None
-    jobs: int = 0  # 0: one at the static depth, every core at auto/live
+    jobs: int = 0  # releases checked at once; 0: one per core
 
 
 def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | None = None) -> Advice:
     """Check every subject of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
     subjects, notes = select_subjects(request)
     cache = request.cache or releases.user_cache_dir()
-    jobs = request.jobs or (1 if request.check.depth == "static" else (os.cpu_count() or 1))
-    total = len(subjects)
-    done = 0
+    jobs = min(request.jobs or os.cpu_count() or 1, len(subjects))
+    work = [(subject, request.check, cache, request.wheel_dir) for subject in subjects]
+    rows: list[Row] = []
 
-    def check_one(subject: Subject) -> Row:
-        started = time.perf_counter()
-        if subject.error is not None:
-            return Row(subject, error=subject.error)
-        tree = subject.tree
-        if tree is None and not subject.installed:
-            try:
-                tree = releases.fetch(subject.version or subject.label, cache, request.wheel_dir)
-            except releases.FetchError as error:
-                return Row(subject, error=str(error), seconds=time.perf_counter() - started)
-        one = dataclasses.replace(request.check, sglang_path=tree)
-        try:
-            report = run(one)
-        except NoTargetError as error:
-            return Row(subject, error=str(error), seconds=time.perf_counter() - started)
-        return Row(subject, report, seconds=time.perf_counter() - started, tree=tree)
-
-    def finished(row: Row) -> Row:
-        nonlocal done
-        done += 1
+    def finished(row: Row) -> None:
+        rows.append(row)
         if on_row is not None:
-            on_row(done, total, row)
-        return row
+            on_row(len(rows), len(subjects), row)
 
-    if jobs <= 1 or total <= 1:
-        rows = [finished(check_one(s)) for s in subjects]
+    if jobs <= 1:
+        for item in work:
+            finished(_check(*item))
     else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:  # each live check runs in its own child
-            futures = [pool.submit(check_one, s) for s in subjects]
-            rows = [finished(f.result()) for f in futures]
+        # static: parsing is CPU work under the GIL, so one process per core (a fresh interpreter:
+        # spawned, never forked from a process that may hold threads); auto/live: threads, each
+        # live check runs in a child of its own anyway
+        if request.check.depth == "static":
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        else:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+        with pool:
+            for future in [pool.submit(_check, *item) for item in work]:  # reported in the releases' order
+                finished(future.result())
     check_ids = tuple(dict.fromkeys(r.id for row in rows if row.report for r in row.report.results))
     return Advice(
         rows=tuple(rows),
@@ -180,6 +170,24 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         fail_on=request.check.fail_on,
         notes=tuple(notes),
     )
+
+
+def _check(subject: Subject, check: CheckRequest, cache: Path, wheel_dir: Path | None) -> Row:
+    """One row: fetch the release if needed, then the report ``npudoctor check`` gives for it."""
+    started = time.perf_counter()
+    if subject.error is not None:
+        return Row(subject, error=subject.error)
+    tree = subject.tree
+    if tree is None and not subject.installed:
+        try:
+            tree = releases.fetch(subject.version or subject.label, cache, wheel_dir)
+        except releases.FetchError as error:
+            return Row(subject, error=str(error), seconds=time.perf_counter() - started)
+    try:
+        report = run(dataclasses.replace(check, sglang_path=tree))
+    except NoTargetError as error:
+        return Row(subject, error=str(error), seconds=time.perf_counter() - started)
+    return Row(subject, report, seconds=time.perf_counter() - started, tree=tree)
 
 
 def select_subjects(request: AdviseRequest) -> tuple[list[Subject], list[str]]:

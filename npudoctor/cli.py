@@ -286,7 +286,7 @@ def advise(
             "--jobs",
             "-j",
             min=0,
-            help="Releases checked at once (0: 1 at static depth, every core at auto/live).",
+            help="Releases checked at once (default 0: one per core).",
         ),
     ] = 0,
     select: SelectOption = None,

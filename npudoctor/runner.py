@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from npudoctor import __version__, deployment, ignores
-from npudoctor.check import Check, LiveOutcome, all_checks
+from npudoctor.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.errors import InputError
 from npudoctor.evaluate import evaluate, reuse
 from npudoctor.launch import sglang_parser
@@ -60,7 +60,9 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         if progress is not None
         else None
     )
-    with bar or contextlib.nullcontext():
+    # the collector stays paused until the source is released: resumed with the ASTs still alive,
+    # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
+    with collector_paused(), bar or contextlib.nullcontext():
         task = bar.add_task("checking", total=len(checks)) if bar else None
         titles = {c.id: c.title for c in all_checks()}
 
