@@ -242,3 +242,21 @@ def test_no_installed_sglang_and_no_release_named_is_exit_4(cli, release_cache):
         pytest.skip("an sglang is installed in this interpreter: advise starts from it")
     code, _, err = cli("advise", "--config", DEEPSEEK)
     assert code == 4 and "give --releases A..B, --wheel-dir DIR or --sglang-path" in err
+
+
+@pytest.mark.slow
+def test_live_depth_checks_releases_side_by_side(cli, release_cache, release):
+    """--depth live: each release in a live child of its own, two at once; each row is the verdict
+    `check --depth live` gives (NPD006 on DeepSeek-V3 PD: 0.5.12 fails, 0.5.13 passes, by the truths)."""
+    versions = ["0.5.12", "0.5.13"]
+    release_cache(*versions)
+    code, out, err = cli(
+        "advise", "--config", DEEPSEEK, "--select", "NPD006", "--depth", "live", "--jobs", "2",
+        "--releases", ",".join(versions), "-f", "json",
+    )  # fmt: skip
+    assert code == 1, err
+    rows = json.loads(out)["releases"]
+    for row in rows:
+        result = row["report"]["results"][0]
+        assert result["depth"] == "live" and row["report"]["live"]["ran"]
+        assert result["status"] == ("fail" if truth_present(row["release"], "NPD006", "mla") else "pass")
