@@ -316,7 +316,7 @@ def advise(
     _say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
     fmt = output_format.value
     if fmt == "text" and output is None:
-        Console(highlight=False).print(advice_format.renderable(result))
+        advice_format.print_text(result, Console(highlight=False))
     else:
         _write(advice_format.render(result, fmt, __version__), output)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

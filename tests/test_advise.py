@@ -222,6 +222,8 @@ def test_text_fits_80_columns(cli, release_cache, monkeypatch):
     table = out.splitlines()[1:5]
     assert all(len(line) <= 80 for line in table), table
     assert table[0].split()[:8] == ["sglang", *(f"NPD00{i}" for i in range(7))]  # no id cut short
+    command = f"npudoctor fix --apply --select NPD005 --config {DEEPSEEK}"
+    assert any(line.endswith(command) for line in out.splitlines()), out  # one line, to copy
 
 
 @pytest.mark.parametrize(

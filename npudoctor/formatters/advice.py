@@ -47,7 +47,7 @@ def render(advice: Advice, format_name: str, tool_version: str) -> str:
     if format_name == "github":
         return render_github(advice)
     buffer = io.StringIO()
-    Console(file=buffer, width=100, no_color=True, highlight=False).print(renderable(advice))
+    print_text(advice, Console(file=buffer, width=100, no_color=True, highlight=False))
     return buffer.getvalue()
 
 
@@ -85,8 +85,15 @@ def renderable(advice: Advice) -> RenderableType:
     for note in advice.notes:
         parts.append(Text(f"note: {note}"))
     parts.append(Text("Recommendation:", style="bold"))
-    parts.extend(Text(f"  {line}") for line in recommendation_lines(advice))
     return Group(*parts)
+
+
+def print_text(advice: Advice, console: Console) -> None:
+    """The matrix, then the recommendation, whose lines are never wrapped: a command stays one
+    line to copy, however narrow the terminal."""
+    console.print(renderable(advice))
+    for line in recommendation_lines(advice):
+        console.print(Text(f"  {line}"), soft_wrap=True)
 
 
 def recommendation_lines(advice: Advice) -> list[str]:
@@ -103,14 +110,19 @@ def recommendation_lines(advice: Advice) -> list[str]:
             f"{rec.baseline} (the baseline) has {len(rec.baseline_findings)} finding(s): {', '.join(rec.baseline_findings)}"
         )
         applies = [c.check_id for c in rec.cures if c.action == "apply"]
-        for cure in rec.cures:
-            lines.append(f"  {cure.check_id}: runtime fix {cure.action} ({cure.safety}): {cure.reason}")
+        for cure in rec.cures:  # an applicable fix's reason is the finding itself: said above
+            detail = "" if cure.action == "apply" else f": {cure.reason}"
+            lines.append(f"  {cure.check_id}: runtime fix {cure.action} ({cure.safety}){detail}")
         uncured = [f for f in rec.baseline_findings if f not in applies]
         if applies:
             unsafe = any(c.safety == "unsafe" for c in rec.cures if c.action == "apply")
+            where = (
+                "" if base is None or base.subject.installed else f" (on the host that runs {rec.baseline})"
+            )
             lines.append(
-                f"until you move: npudoctor fix --apply --select {','.join(applies)}"
+                f"until you move{where}: npudoctor fix --apply --select {','.join(applies)}"
                 + (" --unsafe" if unsafe else "")
+                + (f" --config {advice.config}" if advice.config else "")
             )
         if uncured:
             lines.append(f"no runtime fix applies to {', '.join(uncured)} on {rec.baseline}")
