@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 from collections.abc import Callable
 from functools import lru_cache
@@ -80,11 +81,26 @@ def _entry(kind: str, tree: tuple[str, ...], inputs: tuple[str, ...]) -> Path:
 
 def _store(path: Path, value: object) -> None:
     with contextlib.suppress(OSError, pickle.PicklingError, TypeError, AttributeError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True)
+            _prune(path.parent.parent, keep=path.parent)
         staging = path.with_suffix(f".{os.getpid()}.partial")
         with open(staging, "wb") as handle:
             pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
         staging.replace(path)  # a concurrent reader sees the whole entry or none
+
+
+KEPT_GENERATIONS = 4
+
+
+def _prune(root: Path, keep: Path) -> None:
+    """A new npudoctor (or an edit of it) starts a new directory of answers: only the
+    ``KEPT_GENERATIONS`` most recent are kept (another installed version may still use one)."""
+    generations = sorted(
+        (d for d in root.iterdir() if d.is_dir() and d != keep), key=lambda d: d.stat().st_mtime
+    )
+    for old in generations[: max(0, len(generations) - (KEPT_GENERATIONS - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @lru_cache(maxsize=1)

@@ -5,6 +5,7 @@ damaged or unwritable cache costs only the speed."""
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import EXAMPLES, json_report, replace_text, result_of
 
@@ -21,7 +22,9 @@ def test_a_second_run_reads_the_first_runs_answers(cli, release, static_cache):
     tree = release("0.5.12")
     first = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK)
     stored = entries(static_cache)
-    assert len(stored) > sum(r["status"] in ("pass", "fail") for r in first["results"])  # + the server-args table
+    assert len(stored) > sum(
+        r["status"] in ("pass", "fail") for r in first["results"]
+    )  # + the server-args table
     times = [p.stat().st_mtime_ns for p in stored]
     second = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK)
     assert second == first
@@ -92,3 +95,18 @@ def test_advise_json_carries_the_cached_reports_unchanged(cli, release, monkeypa
             row.pop("seconds")
         runs.append(data)
     assert runs[0] == runs[1]
+
+
+def test_old_generations_are_pruned(cli, release, static_cache):
+    """Each npudoctor version (or edit) answers in a directory of its own; a new one keeps only the
+    most recent few, so the cache does not grow with every upgrade."""
+    from npudoctor.cache import KEPT_GENERATIONS
+
+    for index in range(KEPT_GENERATIONS + 2):
+        old = static_cache / "static" / f"old-{index}"
+        old.mkdir(parents=True)
+        os.utime(old, (1_000_000 + index, 1_000_000 + index))
+    json_report(cli, "--sglang-path", release("0.5.12"), "--config", DEEPSEEK, "--select", "NPD001")
+    kept = sorted(d.name for d in (static_cache / "static").iterdir())
+    assert len(kept) == KEPT_GENERATIONS
+    assert [k for k in kept if k.startswith("old-")] == [f"old-{i}" for i in range(3, KEPT_GENERATIONS + 2)]
