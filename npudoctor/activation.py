@@ -17,10 +17,11 @@ bound to the instance, as its first argument. ``revert()`` removes exactly those
 with ``wrapt.unwrap_object``, which restores the original attribute where it was defined,
 or deletes one the fix added.
 
-The ``npudoctor run`` bootstrap runs at every interpreter start, most of which never
-import sglang (pip, compilers, helper scripts): it only puts a finder on ``sys.meta_path``
-that waits for the first ``import sglang`` and enables the plan then, so importing wrapt
-(which imports asyncio) and reading the plan cost nothing anywhere else.
+The ``npudoctor run`` bootstrap (``npudoctor/bootstrap/sitecustomize.py``) runs at every
+interpreter start, most of which never import sglang (pip, compilers, helper scripts): it
+only puts a finder on ``sys.meta_path`` that calls ``bootstrap()`` at the first lookup of
+sglang, so importing this module and wrapt (which imports asyncio) and reading the plan cost
+nothing anywhere else.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import threading
 
 KILL_SWITCH = "NPUDOCTOR_DISABLE_FIXES"
 RUN_PLAN = "NPUDOCTOR_RUN_PLAN"  # set by `npudoctor run`: path of the plan its bootstrap applies
-TARGET_PACKAGE = "sglang"
 
 _lock = threading.RLock()
 # fix id -> the wrappers it installed, as (owner, attribute, wrapt handle)
@@ -106,49 +106,20 @@ def sglang_plugin() -> None:
 
 
 def bootstrap() -> None:
-    """Called by the ``sitecustomize`` of ``npudoctor run``: enable its plan when sglang is imported."""
+    """Called by the ``sitecustomize`` of ``npudoctor run`` at the first lookup of sglang, before
+    any of its modules is imported: enable the run's plan."""
     path = os.environ.get(RUN_PLAN)
     if not path:
         return
     if disabled():
         say_once(f"{KILL_SWITCH} is set: no runtime fix is applied")
         return
-    trigger = _OnFirstImport(TARGET_PACKAGE, lambda: _enable_file(path))
-    if TARGET_PACKAGE in sys.modules:
-        trigger.fire()
-    else:
-        sys.meta_path.insert(0, trigger)
-
-
-def _enable_file(path: str) -> None:
-    from npudoctor.plan import read_file  # here, not at import: most interpreters never need it
+    from npudoctor.plan import read_file  # here, as in sglang_plugin: importing this module reads no plan
 
     try:
         enable(read_file(path))
     except Exception as error:
         say_once(f"runtime fixes not applied: cannot read {path}: {type(error).__name__}: {error}")
-
-
-class _OnFirstImport:
-    """A ``sys.meta_path`` finder that finds nothing: it takes itself off the path and runs
-    ``action`` once, the first time ``package`` (or a submodule) is looked up."""
-
-    def __init__(self, package: str, action):
-        self.package = package
-        self.action = action
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname == self.package or fullname.startswith(self.package + "."):
-            self.fire()
-        return None
-
-    def fire(self) -> None:
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
-        try:
-            self.action()
-        except Exception as error:  # never break the import that triggered us
-            say_once(f"runtime fixes not applied: {type(error).__name__}: {error}")
 
 
 def _hook(fix_id: str, shape: dict[str, str], modules: tuple[str, ...]):
