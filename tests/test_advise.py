@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -262,3 +264,40 @@ def test_live_depth_checks_releases_side_by_side(cli, release_cache, release):
         result = row["report"]["results"][0]
         assert result["depth"] == "live" and row["report"]["live"]["ran"]
         assert result["status"] == ("fail" if truth_present(row["release"], "NPD006", "mla") else "pass")
+
+
+def test_by_default_from_the_installed_release_to_the_newest(release_cache, tmp_path):
+    """An sglang wheel really installed (pip --no-deps --target) is the baseline, checked where it
+    is installed; the index's later releases follow it."""
+    newest = fetch_sglang.releases("0.5.22")
+    release_cache(*newest)
+    wheel = fetch_sglang._releases.find_wheel(fetch_sglang.cache_dir() / "wheels", "0.5.22")
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--quiet",
+            "--target",
+            site,
+            wheel,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-m", "npudoctor", "advise", "--config", str(DEEPSEEK), "-f", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    rows = json.loads(done.stdout)["releases"]
+    assert [row["release"] for row in rows] == newest
+    assert rows[0]["installed"] and rows[0]["report"]["target"]["path"] == str(site / "sglang")
+    assert not any(row["installed"] for row in rows[1:])
