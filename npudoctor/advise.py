@@ -8,7 +8,8 @@ and answers from the matrix:
 * the baseline (the installed release, else the first one asked for): its findings, and the
   runtime fixes that cure them now (the decisions ``npudoctor fix`` would make);
 * the earliest release at or after the baseline with no finding for this deployment;
-* regressions: a check that was clean in one release and is a finding again in a later one.
+* regressions: a check that is a finding in a release right after one where it was not (a
+  defect that comes back, or a new one): moving past the clean release brings it in.
 
 Releases come from the release cache (``npudoctor.releases``), fetched as wheels with ``pip
 download --no-deps`` or unpacked from ``--wheel-dir`` (offline); a release that cannot be had
@@ -41,7 +42,7 @@ class Subject:
 
     label: str  # the version, or the path for a tree without one
     version: str | None
-    tree: Path | None = None  # the directory holding sglang/; None for the installed sglang
+    tree: Path | None = None  # the directory holding sglang/; None: a release to fetch, or the installed one
     installed: bool = False
     error: str | None = None
 
@@ -76,7 +77,7 @@ class Cure:
 
 @dataclass(frozen=True)
 class Recommendation:
-    baseline: str | None  # the label of the installed (or first) release; None: none could be checked
+    baseline: str | None  # the label of the installed (or first) release; None: nothing was selected
     baseline_findings: tuple[str, ...]
     cures: tuple[Cure, ...]
     earliest_clean: str | None  # at or after the baseline

@@ -134,8 +134,7 @@ def recommendation_lines(advice: Advice) -> list[str]:
         lines.append(f"move to sglang {rec.earliest_clean}: the earliest checked release with no findings")
     for regression in rec.regressions:
         lines.append(
-            f"regression: {regression.check_id} is a finding again in {regression.release} "
-            f"(not in {regression.clean_in})"
+            f"regression: {regression.check_id} is a finding in {regression.release}, not in {regression.clean_in}"
         )
     return lines
 
