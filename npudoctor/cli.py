@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from npudoctor import __version__
+import npudoctor  # its __version__ is looked up on use: --help, list and explain never need it
 from npudoctor.errors import ExitCode, InputError, NpudoctorError
 
 EXIT_CODES_HELP = """
@@ -318,7 +318,7 @@ def advise(
     if fmt == "text" and output is None:
         advice_format.print_text(result, Console(highlight=False))
     else:
-        _write(advice_format.render(result, fmt, __version__), output)
+        _write(advice_format.render(result, fmt, npudoctor.__version__), output)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if fmt == "github" and summary_path:
         try:
@@ -678,7 +678,7 @@ def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:
-        print(f"npudoctor {__version__}")
+        print(f"npudoctor {npudoctor.__version__}")
         raise typer.Exit(ExitCode.OK)
 
 

@@ -31,8 +31,6 @@ from npudoctor.facts import Facts
 from npudoctor.results import Status
 from npudoctor.target import Target
 
-from .static import static_probe
-
 
 class ServerArguments(Check):
     id = "NPD000"
@@ -63,6 +61,8 @@ class ServerArguments(Check):
         return Probe(Status.SKIP, "no deployment given: no server arguments to check against the release")
 
     def static(self, target: Target, facts: Facts) -> Probe:
+        from .static import static_probe  # not loaded when the answer is cached
+
         return static_probe(target, facts)
 
 

@@ -35,15 +35,11 @@ exception is the evidence.
 
 from __future__ import annotations
 
-from npudoctor import livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts, RoleFacts
 from npudoctor.pools import offload_scope
 from npudoctor.results import Status
 from npudoctor.target import Target
-
-from .live import live_probe
-from .static import static_probe
 
 
 class CpuOffloadRoundTrip(Check):
@@ -70,6 +66,8 @@ class CpuOffloadRoundTrip(Check):
     )
 
     def live_imports(self) -> None:
+        from npudoctor import livepools  # live only: never loaded at static depth
+
         livepools.import_pool_modules()
 
     def out_of_scope(self, facts: Facts) -> Probe | None:
@@ -83,11 +81,15 @@ class CpuOffloadRoundTrip(Check):
         )
 
     def live(self, target: Target, facts: Facts) -> Probe:
+        from .live import live_probe  # live only: never loaded at static depth
+
         roles, families, assumptions = offload_scope(facts)
         role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
         return live_probe(facts, role, roles, families, assumptions)
 
     def static(self, target: Target, facts: Facts) -> Probe:
+        from .static import static_probe  # not loaded when the answer is cached
+
         role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
         return static_probe(target.tree, facts, role, *offload_scope(facts))
 

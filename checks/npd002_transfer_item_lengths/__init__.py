@@ -23,15 +23,12 @@ pool allocates).
 
 from __future__ import annotations
 
-from npudoctor import livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import Facts, RoleFacts
 from npudoctor.pools import pool_family
 from npudoctor.results import Status
 from npudoctor.target import Target
 
-from .live import live_probe
-from .static import static_probe
 from .verdict import FIA_ENV
 
 
@@ -51,6 +48,8 @@ class TransferItemLengths(Check):
     )
 
     def live_imports(self) -> None:
+        from npudoctor import livepools  # live only: never loaded at static depth
+
         livepools.import_pool_modules()
 
     def out_of_scope(self, facts: Facts) -> Probe | None:
@@ -62,9 +61,13 @@ class TransferItemLengths(Check):
         )
 
     def live(self, target: Target, facts: Facts) -> Probe:
+        from .live import live_probe  # live only: never loaded at static depth
+
         return live_probe(facts, *_scope(facts))
 
     def static(self, target: Target, facts: Facts) -> Probe:
+        from .static import static_probe  # not loaded when the answer is cached
+
         return static_probe(target.tree, facts, *_scope(facts))
 
 

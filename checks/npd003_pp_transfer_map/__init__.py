@@ -39,16 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from npudoctor import history, livepools
+from npudoctor import history
 from npudoctor.check import Check, Probe
 from npudoctor.facts import ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
 from npudoctor.pools import pool_family
 from npudoctor.results import Status
 from npudoctor.target import Target
-
-from . import live as live_probe
-from . import static as static_probe
-from .arithmetic import Split
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
@@ -102,6 +98,10 @@ class PipelineTransferMap(Check):
         return result
 
     def live_imports(self) -> None:
+        from npudoctor import livepools  # live only: never loaded at static depth
+
+        from . import live as live_probe
+
         livepools.import_pool_modules()
         live_probe.import_transfer_modules()
 
@@ -111,6 +111,8 @@ class PipelineTransferMap(Check):
 
     def live(self, target: Target, facts: Facts) -> Probe:
         """Run the installed ``send_kvcache`` for every prefill stage and check every pair."""
+        from . import live as live_probe  # live only: never loaded at static depth
+
         families, draft_layers, assumptions, roles = _scope(facts)
         prefill, decode, role_notes = _live_roles(facts, draft_layers)
         if decode.pp_size not in (1, prefill.pp_size):
@@ -125,6 +127,9 @@ class PipelineTransferMap(Check):
         return live_probe.probe(models, facts.model is None, prefill, decode, role_notes, assumptions, roles)
 
     def static(self, target: Target, facts: Facts) -> Probe:
+        from . import static as static_probe  # not loaded when the answer is cached
+        from .arithmetic import Split
+
         families, draft_layers, assumptions, roles = _scope(facts)
         prefill, decode, _ = _live_roles(facts, draft_layers)
         splits = {

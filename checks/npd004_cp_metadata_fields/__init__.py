@@ -89,6 +89,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from npudoctor.check import Check, Probe
 from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
@@ -97,9 +98,11 @@ from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import FunctionRef, SourceTree
 from npudoctor.target import Target
 
-from . import live as live_probe
-from . import static as static_probe
-from .static import DEFAULT_FIELD
+if TYPE_CHECKING:
+    from .static import PathScope
+
+# The probes are imported where they are used: a static check never loads the live probe's own
+# code, and an answer from the static-result cache loads neither (the scope reads both).
 
 # The FIA context-parallel attention functions of the NPU backend, found by name.
 ENTRY_POINTS = ("do_cp_attn_fia",)
@@ -137,6 +140,9 @@ class ContextParallelMetadataFields(Check):
         """Walk the NPU CP prefill path of the deployment's attention family (every NPU reader of CP
         metadata: the FIA CP attention, the KV all-gather/save helper, the MLA/DSA CP code, the NPU
         indexer, and the CP strategy methods they call) and test every metadata read on it."""
+        from . import live as live_probe
+        from . import static as static_probe
+
         scope = _scope(target.tree, facts)
         if isinstance(scope, Probe):
             return scope
@@ -161,11 +167,16 @@ class ContextParallelMetadataFields(Check):
         return found
 
     def live_imports(self) -> None:
+        from . import live as live_probe
+
         live_probe.import_modules()
 
     def live(self, target: Target, facts: Facts) -> Probe:
         """Run the installed FIA CP attention on CPU, on every CP rank, for a batch of several
         requests with metadata from sglang's own preparation, and compare with causal attention."""
+        from . import live as live_probe
+        from . import static as static_probe
+
         scope = _scope(target.tree, facts)
         if isinstance(scope, Probe):
             return live_probe.without_entry(scope, ENTRY_POINTS)
@@ -179,7 +190,7 @@ class ContextParallelMetadataFields(Check):
 
 
 def _not_modelled_live(
-    path: static_probe.PathScope,
+    path: PathScope,
     entries: list[FunctionRef],
     roles: tuple[str, ...],
     assumptions: tuple[str, ...],
@@ -209,6 +220,8 @@ def _scope(
 ) -> Probe | tuple[list[FunctionRef], tuple[str, ...], tuple[str, ...]]:
     """The entry functions, the roles whose CP path runs them and what had to be assumed; or the
     verdict where no path is run: a skip, or ``_no_entry``'s when the source has no entry function."""
+    from . import static as static_probe
+
     roles, assumptions, reason = _cp_roles(facts)
     if reason:
         return Probe(Status.SKIP, reason, assumptions=assumptions)
@@ -228,8 +241,11 @@ def _scope(
     return entries, roles, assumptions, path
 
 
-def _path_scope(facts: Facts, roles: tuple[str, ...]) -> static_probe.PathScope:
+def _path_scope(facts: Facts, roles: tuple[str, ...]) -> PathScope:
     """The deployment's attention family, CP strategy and server arguments (what the walk follows)."""
+    from . import live as live_probe
+    from . import static as static_probe
+
     model = facts.model if facts.described else None
     family = None
     if model is not None:
@@ -386,6 +402,8 @@ def _assumed_role(facts: Facts) -> RoleFacts:
 
 def _live_roles(facts: Facts, names: tuple[str, ...]) -> tuple[list[RoleFacts], tuple[str, ...]]:
     """The deployment's roles the static scope kept, or the assumed CP prefill role."""
+    from . import live as live_probe
+
     described = [r for r in facts.roles if r.name in names]
     if described:
         return described, ()
@@ -404,6 +422,8 @@ def _live_roles(facts: Facts, names: tuple[str, ...]) -> tuple[list[RoleFacts], 
 
 def _no_entry(tree: SourceTree, roles: tuple[str, ...], assumptions: tuple[str, ...]) -> Probe:
     """No FIA CP function: either the path predates CP on NPU (pass) or it moved (warn)."""
+    from .static import DEFAULT_FIELD
+
     npu_cp = [
         path
         for path in tree.files_containing(DEFAULT_FIELD, under="srt")

@@ -106,9 +106,6 @@ from npudoctor.pools import offload_scope
 from npudoctor.results import Status
 from npudoctor.target import Target
 
-from .live import _graph, _LiveProbe, import_path_modules
-from .static import _OffloadGraph
-
 
 class OffloadSignatures(Check):
     """NPD005: ``get_cpu_copy``/``load_cpu_copy`` overrides accept and forward their callers' keywords."""
@@ -136,17 +133,23 @@ class OffloadSignatures(Check):
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Bind every offload call to every override it can reach; rank offenders by the deployment's path."""
+        from .static import _OffloadGraph  # not loaded when the answer is cached
+
         return _OffloadGraph(target.tree).probe(*_path_scope(facts))
 
     def live_imports(self) -> None:
         """Import the module of every class a decode server's offload path can hold (the static
         path's classes, for any deployment), while ``is_npu()`` is still False."""
+        from .live import import_path_modules  # live only: never loaded at static depth
+
         import_path_modules()
 
     def live(self, target: Target, facts: Facts) -> Probe:
         """Build the deployment's allocator and pools on CPU, call ``get_cpu_copy``/``load_cpu_copy``
         through the real chain with the keywords the installed callers pass, and record what every
         level receives (see ``_LiveProbe``)."""
+        from .live import _graph, _LiveProbe  # live only: never loaded at static depth
+
         return _LiveProbe(_graph(target.tree), facts).run(*_path_scope(facts))
 
 

@@ -32,15 +32,12 @@ buffers; an exception in sglang's code is ``fail`` at the raising frame.
 
 from __future__ import annotations
 
-from npudoctor import livepools
 from npudoctor.check import Check, Probe
 from npudoctor.facts import ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
 from npudoctor.pools import pool_family
 from npudoctor.results import Status
 from npudoctor.target import Target
 
-from . import live as live_module
-from .static import static_probe
 from .verdict import Kind
 
 # With no model given: the kinds under which the tables differ (MLA without the NSA indexer is the
@@ -94,6 +91,10 @@ class StartupTransferTables(Check):
     )
 
     def live_imports(self) -> None:
+        from npudoctor import livepools  # live only: never loaded at static depth
+
+        from . import live as live_module
+
         livepools.import_pool_modules()
         live_module.import_table_modules()
 
@@ -102,10 +103,14 @@ class StartupTransferTables(Check):
         return Probe(Status.SKIP, scope) if isinstance(scope, str) else None
 
     def live(self, target: Target, facts: Facts) -> Probe:
+        from . import live as live_module  # live only: never loaded at static depth
+
         roles, kinds, assumptions = _scope(facts)
         return live_module.live_probe(roles, kinds, assumptions)
 
     def static(self, target: Target, facts: Facts) -> Probe:
+        from .static import static_probe  # not loaded when the answer is cached
+
         roles, kinds, assumptions = _scope(facts)
         return static_probe(target.tree, roles, kinds, assumptions)
 
