@@ -10,9 +10,7 @@ import contextlib
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn
+from typing import TYPE_CHECKING
 
 from npudoctor import __version__, deployment, ignores
 from npudoctor.check import Check, LiveOutcome, all_checks, collector_paused
@@ -24,6 +22,10 @@ from npudoctor.registry import select
 from npudoctor.results import Report, Status
 from npudoctor.serverargs import validate_arguments
 from npudoctor.target import discover
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 
 @dataclass
@@ -55,11 +57,7 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before any probe runs
     facts = deploy.facts
 
-    bar = (
-        Progress(SpinnerColumn(), TextColumn("{task.description}"), console=progress, transient=True)
-        if progress is not None
-        else None
-    )
+    bar = _progress_bar(progress) if progress is not None else None
     # the collector stays paused until the source is released: resumed with the ASTs still alive,
     # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
     with collector_paused(), bar or contextlib.nullcontext():
@@ -111,6 +109,14 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         live=live_summary,
         depth=request.depth,
     )
+
+
+def _progress_bar(console: Console) -> Progress:
+    """The spinner of a run on a terminal; rich's progress is imported only then (a CI run with
+    ``--format json`` shows none and does not pay for it)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True)
 
 
 def _selected_fixes(ids: list[str]) -> list:
