@@ -8,7 +8,9 @@ Two processes, each the median of ``--runs``:
   same NPU simulation (what any live run pays first);
 * live check: ``npudoctor check --depth live`` with every live probe.
 The live child reports its own peak RSS and its RSS right after that import, so the
-memory figure compares the two in the same run.
+memory figure compares the two in the same run. The same live check of a 128-layer DeepSeek-V3
+(``bench.scaled_deployment``) shows whether the probes' memory grows with the layer count; the
+last lines are issue 13's live targets, each met or NOT met.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +123,24 @@ def main() -> int:
         f"(+{cost.peak_rss_mb - cost.import_rss_mb:.0f} MB for the probes)"
     )
     print(f"results: {cost.statuses}")
+    import bench  # imports this module; here, not at the top, so that is no import cycle
+
+    with tempfile.TemporaryDirectory() as scratch:
+        large = live_check(tree, bench.scaled_deployment(Path(scratch), 128, 2), args.runs)
+    print("issue 13 targets (live):")
+    print(f"  {met('live check / bare import', cost.wall / bare_wall, 1.2, '')}")
+    for layers, run in ((Path(args.config).name, cost), ("128 layers (DeepSeek-V3 PD, prefill PP 2)", large)):
+        above = run.peak_rss_mb - run.import_rss_mb
+        print(f"  {met(f'probe memory above the import, {layers}', above, 64, ' MB')}")
+    grows = (large.peak_rss_mb - large.import_rss_mb) - (cost.peak_rss_mb - cost.import_rss_mb)
+    print(
+        f"  probe memory growth from {Path(args.config).name} to 128 layers: {grows:+.0f} MB (target: flat)"
+    )
     return 0
+
+
+def met(label: str, value: float, limit: float, unit: str) -> str:
+    return f"{label}: {value:.2f}{unit} (target <= {limit:g}{unit}): {'met' if value <= limit else 'NOT met'}"
 
 
 if __name__ == "__main__":

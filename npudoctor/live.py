@@ -177,6 +177,15 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _release_probe_memory() -> None:
+    """Free a finished probe's pools before the next probe builds its own.
+
+    sglang's pools sit in reference cycles, which reference counting never frees: without a
+    collection here the probes' pools add up (+129 MB above the import at 61 layers, DeepSeek-V3
+    PD on 0.5.12) instead of costing the largest probe's (+88-90 MB, NPD003)."""
+    gc.collect()
+
+
 def _described(error: BaseException) -> str:
     """``Type: message at file:line`` of the innermost frame: where a probe or an import broke."""
     frames = traceback.extract_tb(error.__traceback__)
@@ -259,6 +268,7 @@ def _child() -> int:
                 continue
             finally:
                 outcome.probe_seconds[check_id] = time.perf_counter() - started
+                _release_probe_memory()
             if outcome.stood_in:
                 probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
             outcome.probes[check_id] = probe
