@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor import releases
-from npudoctor.errors import InputError, NoTargetError
+from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.results import Report, Status
 from npudoctor.runner import CheckRequest, run
 from npudoctor.target import discover
@@ -99,7 +99,8 @@ class Advice:
 
     @property
     def baseline_row(self) -> Row | None:
-        return next((r for r in self.rows if r.subject.label == self.recommendation.baseline), None)
+        """The first row: the installed release, else the first asked for."""
+        return self.rows[0] if self.rows else None
 
     def to_dict(self, tool_version: str) -> dict:
         first = next((r.report for r in self.rows if r.report is not None), None)
@@ -138,8 +139,8 @@ class AdviseRequest:
 
 def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | None = None) -> Advice:
     """Check every subject of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
-    subjects, notes = select_subjects(request)
     cache = request.cache or releases.user_cache_dir()
+    subjects, notes = select_subjects(request, cache)
     jobs = min(request.jobs or os.cpu_count() or 1, len(subjects))
     work = [(subject, request.check, cache, request.wheel_dir) for subject in subjects]
     rows: list[Row] = []
@@ -193,13 +194,12 @@ def _check(subject: Subject, check: CheckRequest, cache: Path, wheel_dir: Path |
     return Row(subject, report, seconds=time.perf_counter() - started, tree=tree)
 
 
-def select_subjects(request: AdviseRequest) -> tuple[list[Subject], list[str]]:
+def select_subjects(request: AdviseRequest, cache: Path) -> tuple[list[Subject], list[str]]:
     """The releases and trees to check, the baseline first; and notes on how they were chosen."""
     subjects = [_path_subject(p) for p in request.sglang_paths]
     notes: list[str] = []
     if request.releases is None and request.wheel_dir is None and subjects:
         return subjects, notes
-    cache = request.cache or releases.user_cache_dir()
     if request.wheel_dir is not None:
         if not request.wheel_dir.is_dir():
             raise InputError(f"--wheel-dir {request.wheel_dir}: no such directory")
@@ -334,9 +334,7 @@ def _cures(baseline: Row) -> list[Cure]:
 
 def exit_status(advice: Advice) -> int:
     """0: the baseline has no finding; 1: it has; 4: the baseline could not be checked."""
-    from npudoctor.errors import ExitCode
-
-    row = advice.rows[0] if advice.rows else None
+    row = advice.baseline_row
     if row is None or row.report is None:
         return int(ExitCode.NOTHING_TO_CHECK)
     return int(ExitCode.FINDINGS if row.report.findings() else ExitCode.OK)

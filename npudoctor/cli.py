@@ -12,6 +12,7 @@ import io
 import os
 import sys
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -222,14 +223,21 @@ def _emit(report, format_name: str, output: Path | None) -> None:
         Console(highlight=False).print(renderable(report))
     else:
         _write(renderer(format_name)(report), output)
-    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if format_name == "github" and summary_path:
+    if format_name == "github":
         from npudoctor.formatters.github import write_step_summary
 
-        try:
-            write_step_summary(report, summary_path)
-        except OSError as error:
-            raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
+        _step_summary(lambda path: write_step_summary(report, path))
+
+
+def _step_summary(write: Callable[[str], None]) -> None:
+    """``write($GITHUB_STEP_SUMMARY)`` when the variable is set (a GitHub Actions step)."""
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary_path:
+        return
+    try:
+        write(summary_path)
+    except OSError as error:
+        raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
 
 
 class AdviseFormat(str, Enum):
@@ -319,12 +327,8 @@ def advise(
         advice_format.print_text(result, Console(highlight=False))
     else:
         _write(advice_format.render(result, fmt, npudoctor.__version__), output)
-    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if fmt == "github" and summary_path:
-        try:
-            advice_format.write_step_summary(result, summary_path)
-        except OSError as error:
-            raise InputError(f"GITHUB_STEP_SUMMARY={summary_path}: cannot write ({error.strerror})") from None
+    if fmt == "github":
+        _step_summary(lambda path: advice_format.write_step_summary(result, path))
     raise typer.Exit(exit_status(result))
 
 
@@ -395,7 +399,7 @@ def fix(
         target = discover(sglang_path)
         deploy = load_deployment_from(config)
         validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before planning
-        ids = [s for item in (select or []) for s in item.split(",") if s]
+        ids = _ids(select)
         planned = fixing.plan(fixing.select_fixes(ids), target, deploy.facts, unsafe, depth.value)
         if apply:
             _fix_apply(target, planned, site, as_json)
@@ -569,7 +573,7 @@ def run(
     target = discover()
     validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2, the server would not start
     planned = fixing.plan(
-        fixing.select_fixes([s for item in (select or []) for s in item.split(",") if s]),
+        fixing.select_fixes(_ids(select)),
         target,
         deploy.facts,
         unsafe,

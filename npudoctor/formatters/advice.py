@@ -165,27 +165,21 @@ def render_junit(advice: Advice) -> str:
     totals = {"tests": 0, "failures": 0, "errors": 0}
     for row in advice.rows:
         suite = ET.SubElement(root, "testsuite", {"name": junit.clean(f"sglang {row.subject.label}")})
-        results = row.report.results if row.report is not None else ()
-        counts = {
-            "tests": len(results) or 1,
-            "failures": sum(1 for r in results if r.ignored is None and r.status is Status.FAIL),
-            "errors": sum(1 for r in results if r.ignored is None and r.status is Status.ERROR),
-            "skipped": sum(1 for r in results if r.ignored is not None or r.status is Status.SKIP)
-            or int(not results),
-        }
-        suite.attrib.update({k: str(v) for k, v in counts.items()})
-        for key in totals:
-            totals[key] += counts[key]
         if row.report is None:  # a release that could not be had does not turn the build red by itself
+            tally = {"tests": 1, "failures": 0, "errors": 0, "skipped": 1}
             case = ET.SubElement(
                 suite, "testcase", {"classname": "npudoctor.advise", "name": "fetch and check"}
             )
             ET.SubElement(case, "skipped", {"message": junit.clean(row.error or "")})
-        for result in results:
-            junit.testcase(suite, result)
+        else:
+            tally = junit.counts(row.report.results)
+            for result in row.report.results:
+                junit.testcase(suite, result)
+        suite.attrib.update({k: str(v) for k, v in tally.items()})
+        for key in totals:
+            totals[key] += tally[key]
     root.attrib.update({k: str(v) for k, v in totals.items()})
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    return junit.document(root)
 
 
 # ----- sarif ----------------------------------------------------------------------------
@@ -194,10 +188,10 @@ def render_sarif(advice: Advice) -> str:
     for row in advice.rows:
         if row.report is None:
             continue
-        run = json.loads(sarif.render(row.report))["runs"][0]
+        run = sarif.run_of(row.report)
         run["automationDetails"] = {"id": f"npudoctor-advise/sglang-{row.subject.label}/"}
         runs.append(run)
-    return json.dumps({"$schema": sarif.SCHEMA_URI, "version": "2.1.0", "runs": runs}, indent=2) + "\n"
+    return sarif.log(runs)
 
 
 # ----- github ---------------------------------------------------------------------------
@@ -212,10 +206,8 @@ def render_github(advice: Advice) -> str:
 
 
 def write_step_summary(advice: Advice, path: str) -> None:
-    with open(path, "a", encoding="utf-8", errors="backslashreplace") as handle:
-        if handle.tell() > 0:
-            handle.write("\n")
-        handle.write(render_markdown(advice))
+    """Append the Markdown matrix and recommendation to the job summary ``path``."""
+    github.append_step_summary(render_markdown(advice), path)
 
 
 def row_line(index: int, total: int, row: Row) -> str:

@@ -95,7 +95,12 @@ def _summary(report: Report) -> str:
 
 def write_step_summary(report: Report, path: str | os.PathLike[str]) -> None:
     """Append ``markdown.table(report)`` to ``path`` (the CLI passes ``$GITHUB_STEP_SUMMARY``)."""
+    append_step_summary(markdown.table(report), path)
+
+
+def append_step_summary(text: str, path: str | os.PathLike[str]) -> None:
+    """Append ``text`` (Markdown) to the job summary file ``path``, after what earlier steps wrote."""
     with open(path, "a", encoding="utf-8", errors="backslashreplace") as handle:
         if handle.tell() > 0:
             handle.write("\n")
-        handle.write(markdown.table(report))
+        handle.write(text)

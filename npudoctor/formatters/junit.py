@@ -26,25 +26,11 @@ def clean(text: object) -> str:
 
 def render(report: Report) -> str:
     results = report.results
-    failures = sum(1 for r in results if r.ignored is None and r.status is Status.FAIL)
-    errors = sum(1 for r in results if r.ignored is None and r.status is Status.ERROR)
-    skipped = sum(1 for r in results if r.ignored is not None or r.status is Status.SKIP)
-
+    tally = counts(results)
     root = ET.Element(
-        "testsuites",
-        {"name": "npudoctor", "tests": str(len(results)), "failures": str(failures), "errors": str(errors)},
+        "testsuites", {"name": "npudoctor", **{k: str(tally[k]) for k in ("tests", "failures", "errors")}}
     )
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        {
-            "name": "npudoctor",
-            "tests": str(len(results)),
-            "failures": str(failures),
-            "errors": str(errors),
-            "skipped": str(skipped),
-        },
-    )
+    suite = ET.SubElement(root, "testsuite", {"name": "npudoctor", **{k: str(v) for k, v in tally.items()}})
     properties = ET.SubElement(suite, "properties")
     for name, value in (
         ("npudoctor.version", report.tool_version),
@@ -58,9 +44,24 @@ def render(report: Report) -> str:
     for result in results:
         testcase(suite, result)
 
+    return document(root)
+
+
+def counts(results) -> dict[str, int]:
+    """A test suite's counts: ``fail`` and ``error`` not ignored are failures and errors; ``skip``
+    and ignored results are skipped."""
+    return {
+        "tests": len(results),
+        "failures": sum(1 for r in results if r.ignored is None and r.status is Status.FAIL),
+        "errors": sum(1 for r in results if r.ignored is None and r.status is Status.ERROR),
+        "skipped": sum(1 for r in results if r.ignored is not None or r.status is Status.SKIP),
+    }
+
+
+def document(root: ET.Element) -> str:
+    """The XML file of ``root``, indented, with its declaration."""
     ET.indent(root)
-    body = ET.tostring(root, encoding="unicode")
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + body + "\n"
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 def testcase(suite: ET.Element, result: Result) -> None:

@@ -25,6 +25,16 @@ _LEVEL = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
 
 
 def render(report: Report) -> str:
+    return log([run_of(report)])
+
+
+def log(runs: list[dict[str, Any]]) -> str:
+    """The SARIF log of ``runs``."""
+    return json.dumps({"$schema": SCHEMA_URI, "version": "2.1.0", "runs": runs}, indent=2) + "\n"
+
+
+def run_of(report: Report) -> dict[str, Any]:
+    """One SARIF run: a report's rules and results."""
     rule_index: dict[str, int] = {}
     rules: list[dict[str, Any]] = []
     for result in report.results:
@@ -50,8 +60,7 @@ def render(report: Report) -> str:
             "failOn": report.fail_on.value,
         },
     }
-    log = {"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}
-    return json.dumps(log, indent=2) + "\n"
+    return run
 
 
 def _root_uri(package_dir: str) -> str:
