@@ -54,7 +54,6 @@ def fetch(version: str, cache: Path, wheel_dir: Path | None = None) -> Path:
     tree = cache / "trees" / version
     if (tree / COMPLETE).is_file():
         return tree
-    wheel = None
     if wheel_dir is not None:
         wheel = find_wheel(wheel_dir, version)
         if wheel is None:
@@ -77,22 +76,20 @@ def wheel_versions(wheels: Path) -> list[str]:
     return sorted((v for v in found if is_final(v)), key=version_key)
 
 
-def index_versions(cache: Path, *, offline: bool = False) -> tuple[list[str], str]:
+def index_versions(cache: Path) -> tuple[list[str], str]:
     """Every final sglang release on PyPI (no pre-, post- or yanked releases), oldest first, and
     a note when the answer is an older copy. The index's answer is kept in the cache and asked
     again once it is a day old; without network the kept copy is used, and said so."""
     listing = cache / "pypi-sglang.json"
     age = time.time() - listing.stat().st_mtime if listing.is_file() else None
     note = ""
-    if not offline and (age is None or age > INDEX_MAX_AGE):
+    if age is None or age > INDEX_MAX_AGE:
         try:
             _refresh_index(listing)
         except (OSError, ValueError, KeyError) as error:
             if age is None:
                 raise FetchError(f"cannot read the release list from {INDEX_URL}: {error}") from None
             note = f"the release list is {age / 3600:.0f} h old: {INDEX_URL} could not be read ({error})"
-    elif offline and age is None:
-        raise FetchError(f"no release list cached in {cache} (offline)")
     names = json.loads(listing.read_text())
     return sorted((v for v in names if is_final(v)), key=version_key), note
 
