@@ -140,7 +140,6 @@ class ContextParallelMetadataFields(Check):
         """Walk the NPU CP prefill path of the deployment's attention family (every NPU reader of CP
         metadata: the FIA CP attention, the KV all-gather/save helper, the MLA/DSA CP code, the NPU
         indexer, and the CP strategy methods they call) and test every metadata read on it."""
-        from . import live as live_probe
         from . import static as static_probe
 
         scope = _scope(target.tree, facts)
@@ -151,7 +150,7 @@ class ContextParallelMetadataFields(Check):
         if found.status is not Status.FAIL or not path.strategy:
             return found
         # a strategy-specific failure: say which other CP strategy of the release passes, if one does
-        for other in live_probe.LEGACY_CP_MODES.values():
+        for other in static_probe.LEGACY_CP_MODES.values():
             if other == path.strategy:
                 continue
             alternative = dataclasses.replace(path, strategy=other)
@@ -243,7 +242,6 @@ def _scope(
 
 def _path_scope(facts: Facts, roles: tuple[str, ...]) -> PathScope:
     """The deployment's attention family, CP strategy and server arguments (what the walk follows)."""
-    from . import live as live_probe
     from . import static as static_probe
 
     model = facts.model if facts.described else None
@@ -260,7 +258,7 @@ def _path_scope(facts: Facts, roles: tuple[str, ...]) -> PathScope:
         assumed = _assumed_role(facts)
         return static_probe.PathScope(
             family or static_probe.MHA,
-            live_probe.cp_strategy_name(assumed),
+            static_probe.cp_strategy_name(assumed),
             {**assumed.server_args, **dict.fromkeys(CP_SWITCHES, True)},
             model.architectures if model is not None else (),
             dict(assumed.env),
@@ -271,7 +269,7 @@ def _path_scope(facts: Facts, roles: tuple[str, ...]) -> PathScope:
     server_args.update(dict.fromkeys(CP_SWITCHES, True))
     return static_probe.PathScope(
         family,
-        live_probe.cp_strategy_name(role),
+        static_probe.cp_strategy_name(role),
         server_args,
         model.architectures if model is not None else (),
         dict(role.env),

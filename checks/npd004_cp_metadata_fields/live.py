@@ -51,6 +51,8 @@ from npudoctor.liveprocess import (
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import FunctionRef, SourceTree
 
+from .static import cp_strategy_name
+
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 
 T = TypeVar("T")
@@ -61,9 +63,6 @@ STRATEGY_PREPARATION = "prepare_cp_forward"
 # 0.5.15 runs prepare_cp_forward only with this switch on (sglang turns it on by itself for
 # its CP-v2 model classes, server_args._handle_context_parallelism); 0.5.2x ignores it.
 CP_V2_SWITCH = {"SGLANG_ENABLE_CP_V2": "1"}
-# The legacy --prefill-cp-mode values and the CP strategies they select
-# (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
-LEGACY_CP_MODES = {"in-seq-split": "zigzag", "round-robin-split": "interleave"}
 # Max abs difference allowed between the path's output and the float64 reference (float32 inputs).
 TOLERANCE = 1e-4
 # sglang's FIA mask length (AscendAttnMaskBuilder: fia_mask_len = 2048).
@@ -278,14 +277,6 @@ def accelerator_on_cpu() -> Iterator[None]:
 
 
 # ----- the role's process state ------------------------------------------------------------
-def cp_strategy_name(role: RoleFacts) -> str:
-    """The CP strategy the role selects: ``cp_strategy``, or the legacy ``prefill_cp_mode``."""
-    chosen = role.server_args.get("cp_strategy")
-    if chosen:
-        return str(chosen)
-    return LEGACY_CP_MODES.get(str(role.server_args.get("prefill_cp_mode") or "in-seq-split"), "zigzag")
-
-
 def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str, Any]:
     """This CP rank's view of the role's parallel layout (attention TP rank 0)."""
     return {

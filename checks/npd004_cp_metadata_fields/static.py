@@ -46,8 +46,22 @@ from npudoctor.dataflow import (
     self_attribute_classes,
     subclasses,
 )
+from npudoctor.facts import RoleFacts
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+
+# The legacy --prefill-cp-mode values and the CP strategies they select
+# (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
+LEGACY_CP_MODES = {"in-seq-split": "zigzag", "round-robin-split": "interleave"}
+
+
+def cp_strategy_name(role: RoleFacts) -> str:
+    """The CP strategy the role selects: ``cp_strategy``, or the legacy ``prefill_cp_mode``."""
+    chosen = role.server_args.get("cp_strategy")
+    if chosen:
+        return str(chosen)
+    return LEGACY_CP_MODES.get(str(role.server_args.get("prefill_cp_mode") or "in-seq-split"), "zigzag")
+
 
 # CP metadata classes are found by this name suffix, then by inheritance.
 METADATA_SUFFIX = "ContextParallelMetadata"
