@@ -26,11 +26,9 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import fix_overhead
@@ -46,31 +44,16 @@ TARGETS: list[str] = []  # one line per target, printed again at the end
 
 
 def target(label: str, value: float, limit: float, unit: str = "") -> str:
-    """``label: value (limit ...): met`` and remember it for the summary."""
-    line = f"{label}: {value:.2f}{unit} (target <= {limit:g}{unit}): {'met' if value <= limit else 'NOT met'}"
+    """``label: value (target ...): met`` (``live_check.met``), remembered for the summary."""
+    line = live_check.met(label, value, limit, unit)
     TARGETS.append(line)
     return line
 
 
-def timed(command: list[str], runs: int, cold: bool) -> float:
-    """Median wall time of ``command``; ``cold``: each run with an empty static-result cache, else
-    one unmeasured run first fills it."""
-    times = []
-    with tempfile.TemporaryDirectory() as scratch:
-        env = {**os.environ, "NPUDOCTOR_CACHE_DIR": str(Path(scratch) / "warm")}
-        if not cold:
-            subprocess.run(command, env=env, capture_output=True, check=False)
-        for run in range(runs):
-            if cold:
-                env["NPUDOCTOR_CACHE_DIR"] = str(Path(scratch) / f"cold-{run}")
-            start = time.perf_counter()
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            times.append(time.perf_counter() - start)
-            if done.returncode not in (0, 1):
-                raise SystemExit(
-                    f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-500:]}"
-                )
-    return statistics.median(times)
+def warm_wall(command: list[str], runs: int) -> float:
+    """Median wall time of ``command`` after one unmeasured run has filled the static-result cache."""
+    subprocess.run(command, capture_output=True, check=False)
+    return static_check.wall(command, runs)
 
 
 def advise_command(*options: str) -> list[str]:
@@ -116,20 +99,21 @@ def main() -> int:
     os.environ["NPUDOCTOR_SGLANG_CACHE"] = str(static_check.cache_dir())
     subprocess.run(static_check.check_command(tree), capture_output=True, check=False)  # writes the .pyc
     torch = static_check.wall([sys.executable, "-c", "import torch"], runs)
-    cold = timed(static_check.check_command(tree), runs, cold=True)
-    warm = timed(static_check.check_command(tree), runs, cold=False)
+    cold = static_check.wall(static_check.check_command(tree), runs, cold_cache=True)
+    warm = warm_wall(static_check.check_command(tree), runs)
     print(f"  import torch: {torch:.3f} s; check --depth static, sglang {args.release}: cold {cold:.3f} s, "
           f"warm {warm:.3f} s")  # fmt: skip
     print("  " + target("static check / import torch, cold", cold / torch, 0.25))
     print("  " + target("static check / import torch, warm", warm / torch, 0.25))
     sweep = {
-        t.name: timed(static_check.check_command(t), runs, cold=True) for t in static_check.cached_trees()
+        t.name: static_check.wall(static_check.check_command(t), runs, cold_cache=True)
+        for t in static_check.cached_trees()
     }
     print(f"  sweep of {len(sweep)} cached releases as separate cold checks: total {sum(sweep.values()):.2f} s "
           f"({', '.join(f'{k} {v:.2f}' for k, v in sweep.items())})")  # fmt: skip
     for jobs, label in (("0", f"one per core ({os.cpu_count()})"), ("1", "one worker")):
         command = advise_command("--releases", ADVISE_RANGE, "--jobs", jobs)
-        cold, warm = timed(command, runs, cold=True), timed(command, runs, cold=False)
+        cold, warm = static_check.wall(command, runs, cold_cache=True), warm_wall(command, runs)
         print(f"  advise {ADVISE_RANGE} (16 releases), static, {label}: cold {cold:.2f} s, warm {warm:.2f} s")
         print("  " + target(f"advise, {label}, cold", cold, 8, " s"))
         print("  " + target(f"advise, {label}, warm", warm, 3, " s"))
@@ -144,7 +128,11 @@ def main() -> int:
     print(f"    {live_check.breakdown(cost)}")
     print("  " + target("live check / bare import", cost.wall / bare_wall, 1.2))
     serial, parallel = (
-        timed(advise_command("--depth", "live", "--releases", "0.5.12,0.5.13", "--jobs", jobs), 1, cold=True)
+        static_check.wall(
+            advise_command("--depth", "live", "--releases", "0.5.12,0.5.13", "--jobs", jobs),
+            1,
+            cold_cache=True,
+        )
         for jobs in ("1", "2")
     )
     print(f"  advise --depth live, 2 releases: one at a time {serial:.1f} s, two at once {parallel:.1f} s "
