@@ -256,6 +256,16 @@ def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:
     path.write_text(text.replace(old, new, count))
 
 
+def drop_fia_page_factor(tree: Path) -> None:
+    """Rewrite an overlay's NPU pool so its FIA branch of ``get_contiguous_buf_infos`` gives token
+    item lengths again (0.5.9's formula: the NPD002 defect) on a fixed release's layout."""
+    pool = tree / "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
+    source = pool.read_text()
+    start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
+    end = source.index("else:", start)
+    replace_text(pool, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes"))
+
+
 @pytest.fixture
 def cli(capsys):
     """Run ``npudoctor`` in-process; returns (exit code, stdout, stderr).

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import EXAMPLES, json_report, replace_text, result_of
+from conftest import EXAMPLES, drop_fia_page_factor, json_report, result_of
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
-POOL = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
 
 
 def entries(cache) -> list:
@@ -37,12 +36,7 @@ def test_an_edited_tree_is_checked_again(cli, release, overlay, static_cache):
     assert (
         result_of(json_report(cli, "--sglang-path", tree, "--config", QWEN_FIA), "NPD002")["status"] == "pass"
     )
-    source = (tree / POOL).read_text()
-    start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
-    end = source.index("else:", start)
-    replace_text(
-        tree / POOL, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes")
-    )
+    drop_fia_page_factor(tree)
     assert (
         result_of(json_report(cli, "--sglang-path", tree, "--config", QWEN_FIA), "NPD002")["status"] == "fail"
     )

@@ -9,6 +9,7 @@ import pytest
 from conftest import (
     EXAMPLES,
     RELEASES,
+    drop_fia_page_factor,
     expected_status,
     json_report,
     replace_text,
@@ -57,12 +58,7 @@ def test_colocated_server_skips(cli, release):
 
 def test_dropping_the_page_factor_from_a_fixed_release_fails(cli, release, overlay):
     tree = overlay(release("0.5.15"))
-    source = (tree / POOL).read_text()
-    start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
-    end = source.index("else:", start)
-    replace_text(
-        tree / POOL, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes")
-    )
+    drop_fia_page_factor(tree)
     assert npd002(cli, tree, "--config", QWEN_FIA)["status"] == "fail"
 
 
