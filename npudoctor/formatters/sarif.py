@@ -18,7 +18,6 @@ from urllib.parse import quote
 from npudoctor.results import Report, Result, Status
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://github.com/sgl-project/sglang"
 BASE_ID = "SGLANG_ROOT"
 
 _LEVEL = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
@@ -49,7 +48,10 @@ def run_of(report: Report) -> dict[str, Any]:
     driver: dict[str, Any] = {"name": "npudoctor"}
     if report.tool_version:
         driver["version"] = report.tool_version
-    driver.update(informationUri=INFORMATION_URI, rules=rules)
+    uri = information_uri()
+    if uri:
+        driver["informationUri"] = uri
+    driver["rules"] = rules
     run: dict[str, Any] = {
         "tool": {"driver": driver},
         "originalUriBaseIds": {BASE_ID: {"uri": _root_uri(report.target.path)}},
@@ -61,6 +63,26 @@ def run_of(report: Report) -> dict[str, Any]:
         },
     }
     return run
+
+
+def information_uri() -> str | None:
+    """npudoctor's home page (``tool.driver.informationUri``, optional in SARIF 2.1.0): the
+    installed distribution's Home-page, else its first Project-URL; None when it declares none
+    (npudoctor has no public URL: the field is left out rather than naming another project)."""
+    from importlib import metadata
+
+    try:
+        meta = metadata.metadata("npudoctor")
+    except metadata.PackageNotFoundError:
+        return None
+    home = (meta.get("Home-page") or "").strip()
+    if home.startswith(("https://", "http://")):
+        return home
+    for entry in meta.get_all("Project-URL") or []:
+        url = entry.partition(",")[2].strip()
+        if url.startswith(("https://", "http://")):
+            return url
+    return None
 
 
 def _root_uri(package_dir: str) -> str:

@@ -1,15 +1,28 @@
-"""Human-readable report with rich: a table of checks, then the evidence of each finding."""
+"""Human-readable report of ``npudoctor check``, for a terminal, a pipe or a CI log (80 columns).
+
+Compact by default: a short header (npudoctor and sglang versions, the tree's path, the
+deployment), one line per check (id, status, depth, title), then the details of every finding
+(fail, warn, error), of every ignored result and of every pass or skip that carries a note (an
+assumption, e.g. "no deployment given: assumed ..." or a live probe's caveat): its summary,
+notes, evidence (``- path:line (symbol)``, expected, observed) and the fix to run. Then the
+live depth's cost and the closing counts. ``verbose`` gives every result's details and the
+live depth's full statistics.
+
+Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
+or the ``npudoctor fix`` command stays whole, on a line of its own when it must.
+"""
 
 from __future__ import annotations
 
 import io
+import shlex
+from collections.abc import Sequence
 
-from rich.console import Console, Group, RenderableType
-from rich.markup import escape
-from rich.table import Table
+from rich.console import Console, RenderableType
 from rich.text import Text
 
-from npudoctor.results import Report, Result, Status
+from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
+from npudoctor.results import Evidence, Report, Result, Status
 
 STYLE = {
     Status.PASS: "green",
@@ -19,86 +32,209 @@ STYLE = {
     Status.ERROR: "bold magenta",
 }
 
+WIDTH = 80  # of ``render``: the default width of a pipe or a CI log
+INDENT = 2
 
-def render(report: Report) -> str:
+
+def render(
+    report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None, width: int = WIDTH
+) -> str:
     """Plain text (no colour) for files and pipes."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=120, no_color=True, highlight=False, soft_wrap=False)
-    console.print(renderable(report))
+    console = Console(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
+    print_whole(console, _parts(report, verbose, fix_args))
     return buffer.getvalue()
 
 
-def renderable(report: Report) -> RenderableType:
+def renderable(
+    report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None
+) -> RenderableType:
+    """The report for ``console.print``. ``fix_args``: the user's own target and deployment options
+    (``["--config", "deploy.yaml"]``, ``["--", "python", "-m", "sglang.launch_server", ...]``),
+    repeated in each ``npudoctor fix --select ID ...`` hint; None: the ``--sglang-path`` and
+    ``--config`` the report itself names. Lines longer than the width (a long path, the fix
+    command) are printed whole, not cropped (``layout.Uncropped``)."""
+    return Uncropped(_parts(report, verbose, fix_args))
+
+
+def print_report(
+    console: Console, report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None
+) -> None:
+    print_whole(console, _parts(report, verbose, fix_args))
+
+
+def _parts(report: Report, verbose: bool, fix_args: Sequence[str] | None) -> RenderableType:
+    args = list(fix_args) if fix_args is not None else _args_of(report)
+    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(report)]
+    for result in report.results:
+        if verbose or _has_details(result):
+            parts.append(Text(""))
+            parts.extend(_details(result, args, verbose))
+    parts.append(Text(""))
+    parts.extend(_live(report.live, verbose))
+    parts.append(Para(_closing(report)))
+    return group(parts)
+
+
+def _header(report: Report) -> list[RenderableType]:
     target = report.target
-    deployment = report.deployment.get("source", "none")
-    header = Text.from_markup(
-        f"[bold]npudoctor[/] {escape(report.tool_version)}  sglang [bold]{escape(str(target.version))}[/] "
-        f"at {escape(target.path)}  deployment: {escape(str(deployment))}"
+    first = Text.assemble(
+        ("npudoctor", "bold"),
+        f" {report.tool_version}  " if report.tool_version else "  ",
+        ("sglang", "bold"),
+        f" {target.version or 'unknown version'}",
+        f"  depth {report.depth}",
     )
-    table = Table(show_header=True, header_style="bold", expand=True)
-    table.add_column("Check", no_wrap=True)
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Depth", no_wrap=True)
-    table.add_column("Result", ratio=1)
-    for result in report.results:
-        table.add_row(
-            result.id,
-            _status(result),
-            result.depth.value,
-            f"[bold]{escape(result.title)}[/]\n{escape(result.summary)}",
+    return [
+        Para(first),
+        Labelled(Text("sglang:", style="dim"), target.path),
+        Labelled(Text("deployment:", style="dim"), _deployment(report.deployment)),
+    ]
+
+
+def _deployment(deployment: dict) -> str:
+    source = str(deployment.get("source", "none"))
+    if source.startswith("yaml:"):
+        return source[len("yaml:") :]
+    return {
+        "command": "the launch command",
+        "flags": "--model-path and flags",
+        "none": "none (each check assumes the worst case)",
+    }.get(source, source)
+
+
+def _args_of(report: Report) -> list[str]:
+    """The target and deployment options the report names, for the fix hints when the caller
+    gave none: ``--sglang-path`` for a tree given by path, ``--config`` for a YAML deployment."""
+    from pathlib import Path
+
+    args: list[str] = []
+    if report.target.source == "path":
+        args += ["--sglang-path", str(Path(report.target.path).parent)]
+    source = str(report.deployment.get("source", ""))
+    if source.startswith("yaml:"):
+        args += ["--config", source[len("yaml:") :]]
+    return args
+
+
+def _status(result: Result) -> Text:
+    label = Text(result.status.value.upper(), style=STYLE[result.status])
+    if result.ignored is not None:
+        label.append(" ignored", style="dim")
+    return label
+
+
+def _summary_rows(report: Report) -> Rows:
+    rows = [([result.id, _status(result), result.depth.value], result.title) for result in report.results]
+    header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
+    return Rows(rows, header=header, max_widths=(8,))
+
+
+def _has_details(result: Result) -> bool:
+    """Compact report: findings, ignored results and results that carry a note."""
+    return (
+        result.status in (Status.FAIL, Status.WARN, Status.ERROR)
+        or result.ignored is not None
+        or bool(result.assumptions)
+    )
+
+
+def _details(result: Result, fix_args: list[str], verbose: bool) -> list[RenderableType]:
+    heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
+    parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
+    if result.error:
+        parts.append(Para(result.error, indent=INDENT, lead=Text("error: ", style="dim")))
+    for note in result.assumptions:
+        parts.append(Para(note, indent=INDENT, lead=Text("note: ", style="dim")))
+    if verbose or result.status not in (Status.PASS, Status.SKIP) or result.ignored is not None:
+        for evidence in result.evidence:
+            parts.extend(_evidence(evidence))
+    if result.ignored is not None:
+        parts.append(
+            Para(result.ignored or "(no reason given)", indent=INDENT, lead=Text("ignored: ", "dim"))
         )
-    parts: list[RenderableType] = [header, table]
-    for result in report.results:
-        if result.status in (Status.FAIL, Status.WARN, Status.ERROR) or result.ignored:
-            parts.append(_details(result))
-    if report.live is not None:
-        if report.live.get("ran"):
+    fix = result.remediation
+    if fix is not None:
+        if fix.fix_id:
+            command = shlex.join(["npudoctor", "fix", "--select", fix.fix_id, *fix_args])
+            parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
+        if fix.fixed_in:
+            parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
+        elif fix.unfixed_as_of:
+            parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
+        if fix.advice:
+            parts.append(Para(fix.advice, indent=INDENT))
+    return parts
+
+
+def _evidence(evidence: Evidence) -> list[RenderableType]:
+    """``- path:line (symbol)`` then expected and observed under it; with no location the
+    expectation goes on the bullet line (never an empty bullet)."""
+    items = [
+        (label, value) for label, value in (("expected", evidence.expected), ("observed", evidence.observed))
+    ]
+    items = [(label, value) for label, value in items if value]
+    parts: list[RenderableType] = []
+    if evidence.location is not None:
+        parts.append(Para(Text(str(evidence.location), style="cyan"), indent=INDENT, lead="- "))
+    elif not items:
+        return parts
+    for number, (label, value) in enumerate(items):
+        bullet = "- " if evidence.location is None and number == 0 else "  "
+        parts.append(Para(value, indent=INDENT, lead=Text.assemble(bullet, (f"{label}: ", "dim"))))
+    return parts
+
+
+def _live(live: dict | None, verbose: bool) -> list[RenderableType]:
+    if live is None:
+        return []
+    if not live.get("ran"):
+        return [Para(str(live.get("reason", "")), lead="live depth not run: ")]
+    parts: list[RenderableType] = [
+        Para(
+            f"live depth: sglang imported in {live['import_seconds']} s, peak RSS "
+            f"{live['peak_rss_mb']:.0f} MB ({live['import_rss_mb']:.0f} MB after the import)"
+        )
+    ]
+    stood_in, not_run, fixes = live.get("stood_in") or {}, live.get("not_run") or {}, live.get("fixes") or {}
+    if verbose:
+        probes = live.get("probe_seconds") or {}
+        if probes:
+            seconds = ", ".join(f"{check_id} {t} s" for check_id, t in probes.items())
+            parts.append(Para(seconds, indent=INDENT, lead="probes: "))
+        for module, check_id in stood_in.items():
             parts.append(
-                Text(
-                    f"live depth: sglang imported on CPU in {report.live['import_seconds']} s; peak RSS "
-                    f"{report.live['peak_rss_mb']} MB ({report.live['import_rss_mb']} MB after the import)"
+                Para(
+                    f"{module} (not installed here; imported by {check_id})", indent=INDENT, lead="stood in: "
                 )
             )
-        else:
-            parts.append(Text(f"live depth not run: {report.live['reason']}"))
+        for check_id, reason in not_run.items():
+            parts.append(Para(f"{check_id}: {reason}", indent=INDENT, lead="not run: "))
+    else:
+        if stood_in:
+            parts.append(Para(", ".join(stood_in), indent=INDENT, lead="stood in (not installed here): "))
+        if not_run:
+            parts.append(Para(", ".join(not_run), indent=INDENT, lead="live probe not run: "))
+    for fix_id, outcome in fixes.items():
+        parts.append(Para(f"{fix_id}: {outcome}", indent=INDENT, lead="with fix "))
+    return parts
+
+
+def _closing(report: Report) -> Text:
     counts = report.counts()
-    verdict = (
-        f"[bold red]{counts['findings']} finding(s) at or above '{report.fail_on.value}'[/]"
-        if counts["findings"]
-        else f"[green]no findings at or above '{report.fail_on.value}'[/]"
-    )
-    parts.append(
-        Text.from_markup(
-            " ".join(f"{s.value}: {counts[s.value]}" for s in Status if counts[s.value]) + f"  -  {verdict}"
-        )
-    )
-    return Group(*parts)
-
-
-def _status(result: Result) -> str:
-    label = f"[{STYLE[result.status]}]{result.status.value.upper()}[/]"
-    return f"{label} [dim](ignored)[/]" if result.ignored else label
-
-
-def _details(result: Result) -> RenderableType:
-    lines = [f"\n[bold]{result.id}[/] {_status(result)}  {escape(result.title)}"]
-    for assumption in result.assumptions:
-        lines.append(f"  [dim]assumed:[/] {escape(assumption)}")
-    for evidence in result.evidence:
-        where = f" [cyan]{escape(str(evidence.location))}[/]" if evidence.location else ""
-        lines.append(f"  -{where}")
-        lines.append(f"    expected: {escape(evidence.expected)}")
-        lines.append(f"    observed: {escape(evidence.observed)}")
-    if result.ignored:
-        lines.append(f"  [dim]ignored:[/] {escape(result.ignored)}")
-    if result.remediation:
-        fix = result.remediation
-        detail = f"  [bold]fix:[/] npudoctor fix --select {fix.fix_id}" if fix.fix_id else "  [bold]fix:[/]"
-        if fix.fixed_in:
-            detail += f"; fixed upstream in sglang {escape(fix.fixed_in)}"
-        elif fix.unfixed_as_of:
-            detail += f"; not fixed upstream as of sglang {escape(fix.unfixed_as_of)}"
-        lines.append(detail)
-        if fix.advice:
-            lines.append(f"  {escape(fix.advice)}")
-    return Text.from_markup("\n".join(lines))
+    ignored = {s: sum(1 for r in report.results if r.status is s and r.ignored is not None) for s in Status}
+    line = Text()
+    for status in Status:
+        if counts[status.value]:
+            if line:
+                line.append("  ")
+            line.append(f"{status.value}: {counts[status.value]}")
+            if ignored[status]:
+                line.append(f" ({ignored[status]} ignored)")
+    line.append("  -  ")
+    threshold = f"at or above '{report.fail_on.value}'"
+    if counts["findings"]:
+        line.append(f"{counts['findings']} finding(s) {threshold}", style="bold red")
+    else:
+        line.append(f"no findings {threshold}", style="green")
+    return line
