@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.segment import Segment
 from rich.text import Text
 
 ELLIPSIS = "..."
@@ -127,20 +128,15 @@ class Rows:
     gap: int = 2
     header: tuple[Sequence[str | Text], str | Text] | None = None
     max_widths: Sequence[int] = ()  # per column: a longer cell widens its own row only
+    min_widths: Sequence[int] = ()  # per column: to line up with rows printed apart
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         every = ([self.header] if self.header else []) + list(self.rows)
         columns = max((len(cells) for cells, _ in every), default=0)
         caps = list(self.max_widths) + [1 << 30] * columns
+        floors = list(self.min_widths) + [0] * columns
         widths = [
-            max(
-                (
-                    _text(cells[i]).cell_len
-                    for cells, _ in every
-                    if i < len(cells) and _fits(cells[i], caps[i])
-                ),
-                default=0,
-            )
+            max([floors[i]] + [_text(c[i]).cell_len for c, _ in every if i < len(c) and _fits(c[i], caps[i])])
             for i in range(columns)
         ]
         for cells, tail in every:
@@ -200,3 +196,21 @@ def print_whole(console: Console, *renderables: RenderableType) -> None:
 
 def group(parts: Iterable[RenderableType]) -> Group:
     return Group(*parts)
+
+
+class Trimmed:
+    """``renderable`` with the padding at the end of each line removed (rich's Markdown pads
+    every line to the width: trailing blanks in a pipe, a log or a copied line)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self.renderable, options, pad=False):
+            while line and not line[-1].control and not line[-1].text.strip():
+                line.pop()
+            if line and not line[-1].control:
+                last = line[-1]
+                line[-1] = Segment(last.text.rstrip(), last.style, last.control)
+            yield from line
+            yield Segment.line()

@@ -1,0 +1,91 @@
+"""The runtime-fix plan (``npudoctor fix``, and the plan ``fix --apply`` records), for a terminal
+or a CI log at 80 columns.
+
+One line per fix: id, action (apply, not needed, refused), safety, and what it replaces (apply)
+or why not (the others), cut to the width. Under each fix marked apply or refused: the reason,
+word-wrapped; the functions it replaces; where the replacements come from, the pull request's
+URL whole on its own line. ``verbose``: the same for every fix, and the sglang releases whose
+code the fix matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from npudoctor.formatters.layout import Para, Rows, Uncropped, Whole, group, print_whole
+
+ACTION_STYLE = {"apply": "bold green", "not needed": "dim", "refused": "bold yellow"}
+DETAIL_INDENT = 8  # under the action column
+
+
+def renderable(planned: Sequence, verbose: bool = False) -> RenderableType:
+    """The plan of ``fixing.plan`` (a list of ``Planned``)."""
+    return Uncropped(_plan(planned, verbose))
+
+
+def print_plan(console: Console, planned: Sequence, verbose: bool = False) -> None:
+    print_whole(console, _plan(planned, verbose))
+
+
+def _plan(planned: Sequence, verbose: bool) -> RenderableType:
+    id_width = max([len("fix")] + [len(p.fix.id) for p in planned])
+    floors = (id_width, len("not needed"), len("unsafe"))
+    header = (
+        [Text("fix", "bold"), Text("action", "bold"), Text("safety", "bold")],
+        Text("replaces, or why not", "bold"),
+    )
+    parts: list[RenderableType] = [Rows([], header=header, min_widths=floors)]
+    for p in planned:
+        action = p.decision.action.value
+        cells = [p.fix.id, Text(action, style=ACTION_STYLE.get(action, "")), p.fix.safety.value]
+        parts.append(Rows([(cells, _gist(p))], min_widths=floors))
+        if verbose or action != "not needed":
+            parts.extend(_details(p, verbose))
+    return group(parts)
+
+
+def _sites(p) -> list[str]:
+    return [site.partition(":")[2] or site for site in (p.decision.installs or p.fix.replaces)]
+
+
+def _gist(p) -> str:
+    """The row's tail: what an applied fix replaces, else the reason without the leading fix id."""
+    if p.decision.action.value == "apply":
+        return "replaces " + ", ".join(_sites(p))
+    reason = p.decision.reason
+    prefix = f"{p.fix.id} "
+    return reason[len(prefix) :] if reason.startswith(prefix) else reason
+
+
+def _details(p, verbose: bool) -> list[RenderableType]:
+    indent = DETAIL_INDENT
+    parts: list[RenderableType] = [Para(p.decision.reason, indent=indent)]
+    parts.append(Para(", ".join(_sites(p)), indent=indent, lead=Text("replaces: ", style="dim")))
+    if p.fix.upstream:
+        parts.append(Whole(Text.assemble(("port of ", "dim"), p.fix.upstream), indent=indent))
+    if p.fix.own:
+        lead = Text("npudoctor's own fix (no upstream pull request): ", style="dim")
+        parts.append(Para(Text.assemble(lead, p.fix.own), indent=indent))
+    if verbose and p.decision.release:
+        parts.append(Para(f"matches the code of sglang {p.decision.release}", indent=indent))
+    return parts
+
+
+def print_apply_hint(console: Console, planned: Sequence, fix_args: Sequence[str] | None = None) -> None:
+    """After a plan that changed nothing: the ``npudoctor fix --apply`` command with the user's own
+    options (one line, never wrapped), or that nothing would be applied."""
+    import shlex
+
+    if not any(p.decision.action.value == "apply" for p in planned):
+        print_whole(
+            console,
+            Para("nothing changed; no fix is marked apply, so `npudoctor fix --apply` would record none"),
+        )
+        return
+    command = shlex.join(["npudoctor", "fix", "--apply", *(fix_args or [])])
+    print_whole(
+        console, Para("nothing changed; this records the fixes marked apply:"), Whole(command, indent=2)
+    )

@@ -1,0 +1,260 @@
+"""What a person reads in a terminal, a pipe or a CI log (issue 14): every human-readable output
+fits 80 columns (rich's Console reads $COLUMNS) and never splits a path, a URL or a command, the
+check report is short by default, and its hints repeat the user's own flags. Real runs of real
+sglang releases, at 80 and at 200 columns."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from npudoctor.check import all_checks
+from npudoctor.fix import all_fixes
+
+from conftest import EXAMPLES, json_report
+
+DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
+WIDTHS = (80, 200)
+URL = re.compile(r"https?://\S+")
+
+
+def run_at(cli, monkeypatch, width: int, *args) -> tuple[int, list[str]]:
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, err = cli(*args)
+    assert code in (0, 1), err
+    return code, out.splitlines()
+
+
+def is_command(line: str) -> bool:
+    """A command to copy: the one kind of line allowed past the width (never wrapped)."""
+    return line.strip().startswith(("fix: npudoctor fix ", "npudoctor fix "))
+
+
+def over_width(lines: list[str], width: int, also=lambda line: False) -> list[str]:
+    return [line for line in lines if len(line) > width and not is_command(line) and not also(line)]
+
+
+def summary_rows(lines: list[str]) -> list[str]:
+    """The check report's block of one row per check: after its header row, up to a blank line."""
+    start = next(
+        i for i, line in enumerate(lines) if line.split()[:4] == ["check", "status", "depth", "title"]
+    )
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].strip())
+    return lines[start + 1 : end]
+
+
+def assert_no_empty_items(lines: list[str]) -> None:
+    assert not [line for line in lines if re.fullmatch(r"\s*[-*•]\s*", line)], "an empty bullet"
+    assert not [line for line in lines if re.fullmatch(r"\s*fix:\s*", line)], "an empty fix line"
+
+
+def locations(report: dict, ids: set[str] | None = None) -> set[str]:
+    return {
+        f"{e['location']['path']}:{e['location']['line']}"
+        for r in report["results"]
+        if ids is None or r["id"] in ids
+        for e in r["evidence"]
+        if e["location"]
+    }
+
+
+def shown(report: dict) -> set[str]:
+    """The results the compact report details: findings, ignored results, results with a note."""
+    return {
+        r["id"]
+        for r in report["results"]
+        if r["status"] in ("fail", "warn", "error") or r["ignored"] is not None or r["assumptions"]
+    }
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_check_report_fits_the_width_and_keeps_paths_and_the_fix_command_whole(
+    cli, release, monkeypatch, width
+):
+    tree = release("0.5.12")
+    args = ("--sglang-path", tree, "--config", DEEPSEEK_PD)
+    report = json_report(cli, *args)
+    code, lines = run_at(cli, monkeypatch, width, "check", *args)
+    text = "\n".join(lines)
+    assert code == 1
+
+    rows = summary_rows(lines)
+    assert all(len(row) <= width for row in rows), rows
+    for result in report["results"]:
+        assert [row for row in rows if row.split()[0] == result["id"]].__len__() == 1, (result["id"], rows)
+        row = next(row for row in rows if row.split()[0] == result["id"])
+        assert result["status"].upper() in row.split() and result["depth"] in row.split()
+    assert len(rows) == len(report["results"])
+
+    assert over_width(lines, width) == []
+    assert any(report["target"]["path"] in line for line in lines), "the tree's path, whole on one line"
+    for where in locations(report, shown(report)):
+        assert any(where in line for line in lines), f"{where} split or missing"
+    assert_no_empty_items(lines)
+
+    # the fix hints repeat the flags the user gave, on one line
+    for finding in ("NPD001", "NPD006"):
+        (hint,) = [line for line in lines if f"fix: npudoctor fix --select {finding} " in line]
+        assert f"--sglang-path {tree}" in hint and f"--config {DEEPSEEK_PD}" in hint, hint
+    assert text.count("fix: npudoctor fix") == report["summary"]["findings"]
+    assert (
+        lines[-1].startswith("pass: 3  skip: 2  fail: 2") and "2 finding(s) at or above 'fail'" in lines[-1]
+    )
+    # short by default: the passes without a note have no details
+    assert not [line for line in lines if line.startswith(("NPD000 PASS", "NPD005 PASS"))]
+
+
+def test_verbose_check_report_details_every_result_with_every_location_whole(cli, release, monkeypatch):
+    args = ("--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD)
+    report = json_report(cli, *args)
+    _, lines = run_at(cli, monkeypatch, 80, "check", *args, "--verbose")
+    for result in report["results"]:
+        assert [line for line in lines if line.startswith(f"{result['id']} {result['status'].upper()}")]
+    for where in locations(report):
+        assert any(where in line for line in lines), f"{where} split or missing"
+    assert over_width(lines, 80) == []
+    assert_no_empty_items(lines)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_clean_release_report_is_the_rows_and_a_closing_line(cli, release, monkeypatch, width):
+    args = ("--sglang-path", release("0.5.23"), "--config", DEEPSEEK_PD)
+    report = json_report(cli, *args)
+    code, lines = run_at(cli, monkeypatch, width, "check", *args)
+    assert code == 0
+    rows = summary_rows(lines)
+    assert len(rows) == len(report["results"]) and all(len(row) <= width for row in rows)
+    assert not [line for line in lines if "fix:" in line]
+    assert over_width(lines, width) == []
+    assert lines[-1].endswith("no findings at or above 'fail'")
+    # only results with a note are detailed (NPD006's static note on 0.5.23): the report stays short
+    assert len(lines) <= 6 + len(rows) + 4 * len(shown(report)) + 3, "\n".join(lines)
+
+
+def test_ignored_findings_say_so_in_the_closing_line(cli, release, monkeypatch):
+    ignore = ("--ignore", "NPD001:2999-01-01", "--ignore", "NPD006:2999-01-01")
+    code, lines = run_at(
+        cli, monkeypatch, 80, "check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, *ignore
+    )
+    assert code == 0
+    assert "fail: 2 (2 ignored)  -  no findings at or above 'fail'" in lines[-1], lines[-1]
+    assert "fail: 2  -" not in lines[-1]
+    for finding in ("NPD001", "NPD006"):
+        (row,) = [row for row in summary_rows(lines) if row.startswith(finding)]
+        assert "ignored" in row.split()
+        assert [line for line in lines if line.startswith(f"{finding} FAIL ignored")]
+    assert len([line for line in lines if line.strip().startswith("ignored: ")]) == 2
+
+
+def test_expired_ignore_has_advice_but_no_fix_line(cli, release, monkeypatch):
+    """An expired ignore entry's remediation has no fix id: no "fix:" line at all, its advice stays."""
+    code, lines = run_at(cli, monkeypatch, 80, "check", "--sglang-path", release("0.5.23"), "--config",
+                         DEEPSEEK_PD, "--ignore", "NPD001:2020-01-01")  # fmt: skip
+    assert code == 1
+    (row,) = [row for row in summary_rows(lines) if row.startswith("NPD001-ignore-expired")]
+    assert "FAIL" in row.split() and len(row) <= 80
+    start = next(i for i, line in enumerate(lines) if line.startswith("NPD001-ignore-expired FAIL"))
+    block = lines[start : next(i for i in range(start, len(lines)) if not lines[i].strip())]
+    assert not [line for line in block if "fix:" in line]
+    assert any("renew the entry" in line for line in block)
+    assert_no_empty_items(lines)
+
+
+def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release):
+    """No empty bullet: an evidence with no location is "- expected: ..." (a real report of 0.5.12,
+    its first NPD001 evidence without its location)."""
+    from npudoctor.formatters import text
+    from npudoctor.runner import CheckRequest, run
+
+    report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
+    npd001 = next(r for r in report.results if r.id == "NPD001")
+    first = dataclasses.replace(npd001.evidence[0], location=None)
+    changed = dataclasses.replace(npd001, evidence=(first, *npd001.evidence[1:]))
+    report = dataclasses.replace(
+        report, results=tuple(changed if r.id == "NPD001" else r for r in report.results)
+    )
+    lines = text.render(report, fix_args=["--config", "deploy.yaml"]).splitlines()
+    assert_no_empty_items(lines)
+    expected = " ".join(first.expected.split()[:4])
+    assert [line for line in lines if line.startswith(f"  - expected: {expected}")], "\n".join(lines)
+    assert "  fix: npudoctor fix --select NPD001 --config deploy.yaml" in lines
+    assert over_width(lines, 80) == []
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_list_gives_each_check_one_line_and_each_url_whole(cli, monkeypatch, width):
+    code, lines = run_at(cli, monkeypatch, width, "list")
+    assert code == 0
+    urls = [url for check in all_checks() for url in check.upstream]
+    assert urls
+    for check in all_checks():
+        assert len([line for line in lines if line.startswith(f"{check.id} ")]) == 1
+        for url in check.upstream:
+            assert f"        {url}" in lines, f"{url} not whole on its own line"
+    assert over_width(lines, width) == []
+    assert [match for line in lines for match in URL.findall(line)] == urls  # nothing else looks like one
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["short", "full"])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_explain_is_markdown_without_raw_backticks(cli, monkeypatch, width, full):
+    code, lines = run_at(cli, monkeypatch, width, "explain", "NPD001", *(["--full"] if full else []))
+    text = "\n".join(lines)
+    assert code == 0
+    assert "``" not in text
+    assert over_width(lines, width) == []
+    assert all(line == line.rstrip() for line in lines), "no padding at the ends of lines"
+    for heading in ("Why it matters", "When it bites", "How to fix", "Upstream"):
+        assert heading in lines
+    assert "https://github.com/sgl-project/sglang/pull/25249" in URL.findall(text)
+    assert any(line.startswith("Runtime fix (safe)") for line in lines)
+    assert ("What the check tests" in lines) == full
+    if full:
+        assert "Req.offload_kv_cache" in text  # a code span, without its backticks
+        if width == 200:  # the docstring's hard line breaks are gone: the paragraph flows
+            phrase = "retracts requests and copies their KV to host memory"
+            assert any(phrase in line for line in lines), text
+    else:
+        assert len(lines) <= 45 if width == 80 else 30
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_fix_plan_is_one_line_per_fix_with_reasons_and_urls_whole(cli, release, monkeypatch, width):
+    tree = release("0.5.12")
+    args = ("fix", "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    plan = {p["id"]: p for p in json.loads(cli(*args, "--format", "json")[1])["plan"]}
+    code, lines = run_at(cli, monkeypatch, width, *args)
+    assert code == 0
+    assert over_width(lines, width) == []
+    for fix in all_fixes():
+        (row,) = [line for line in lines if line.startswith(f"{fix.id} ")]
+        action = plan[fix.id]["action"]
+        assert row.split()[1 : 1 + len(action.split())] == action.split() and len(row) <= width
+    for entry in plan.values():
+        if entry["action"] == "apply":  # its reason and where it comes from, the URL whole on its own line
+            assert f"port of {entry['upstream']}" in [line.strip() for line in lines]
+            assert any(entry["reason"].split(":")[0] in line for line in lines)
+    assert [fix_id for fix_id, entry in plan.items() if entry["action"] == "apply"] == ["NPD001", "NPD006"]
+    assert len(lines) <= (35 if width == 80 else 25), "\n".join(lines)  # the old table: ~65 lines
+    (hint,) = [line for line in lines if line.strip().startswith("npudoctor fix --apply")]
+    assert f"--sglang-path {tree}" in hint and f"--config {DEEPSEEK_PD}" in hint
+
+
+@pytest.mark.slow  # a live run (~15 s)
+def test_a_pass_with_a_note_shows_the_note(cli, release, monkeypatch):
+    """0.5.12 DeepSeek-V3 PD at the live depth: NPD003 passes, with a note per role that sglang's PD
+    bootstrap raised (NPD006's finding): the compact report shows it, not only JSON."""
+    code, lines = run_at(cli, monkeypatch, 80, "check", "--sglang-path", release("0.5.12"), "--config",
+                         DEEPSEEK_PD, "--depth", "auto")  # fmt: skip
+    assert code == 1
+    start = next(i for i, line in enumerate(lines) if line.startswith("NPD003 PASS"))
+    block = " ".join(
+        " ".join(lines[start : next(i for i in range(start, len(lines)) if not lines[i].strip())]).split()
+    )
+    assert block.count("(NPD006's finding)") == 2, block
+    assert "sglang/srt/hardware_backend/npu/memory_pool_npu.py:299" in block
+    assert lines[-2].startswith("live depth: sglang imported in ")
+    assert over_width(lines, 80) == []
