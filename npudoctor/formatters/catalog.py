@@ -78,11 +78,16 @@ def explain_markdown(item, full: bool = False) -> str:
         fix = None
     if fix is not None:
         lines += [f"**Runtime fix** ({fix.safety.value}): {_prose(fix.title)}: {_prose(fix.provenance)}.", ""]
-    lines += ["### Upstream", ""]
-    lines += [f"- <{url}>" for url in item.upstream]
-    record = f"- Release history npudoctor checked: {_prose(fixed_in_history(item))}"
+    answer = fixed_in_history(item)
     witnesses = history.witness_deployments(item.id) if item.upstream_history else []
-    lines += [record + (f" (on {_prose(', '.join(witnesses))})." if witnesses else "."), ""]
+    if item.upstream or answer != "-":
+        lines += ["### Upstream", ""]
+        lines += [f"- <{url}>" for url in item.upstream]
+    if answer == "-":
+        lines += ["- No verdict in the release history npudoctor checked." if item.upstream else "", ""]
+    else:
+        record = f"- Release history npudoctor checked: {_prose(answer)}"
+        lines += [record + (f" (on {_prose(', '.join(witnesses))})." if witnesses else "."), ""]
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
     if full and doc:
         lines += ["### What the check tests", "", _markdown(doc), ""]
