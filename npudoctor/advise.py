@@ -95,7 +95,7 @@ class Advice:
     depth: str
     fail_on: str
     notes: tuple[str, ...] = ()  # e.g. the release list is an older copy
-    config: str | None = None  # the deployment YAML given, for the commands the advice names
+    fix_args: tuple[str, ...] = ()  # the user's deployment options, for the commands the advice names
 
     @property
     def baseline_row(self) -> Row | None:
@@ -172,7 +172,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         depth=request.check.depth,
         fail_on=request.check.fail_on,
         notes=tuple(notes),
-        config=str(request.check.config) if request.check.config is not None else None,
+        fix_args=tuple(request.check.repeated_args()),
     )
 
 

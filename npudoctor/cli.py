@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import io
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import npudoctor  # its __version__ is looked up on use: --help, list and explain never need it
-from npudoctor.errors import ExitCode, InputError, NpudoctorError
+from npudoctor.errors import ExitCode, InputError, NoTargetError, NpudoctorError
 
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
@@ -76,7 +77,8 @@ class FailOn(str, Enum):
 
 # Options `fix` and `run` share.
 FixSelection = Annotated[
-    list[str] | None, typer.Option("--select", "-s", help="Only these fix ids (repeatable).")
+    list[str] | None,
+    typer.Option("--select", "-s", metavar="ID", help="Only these fix ids (repeatable, or ID,ID)."),
 ]
 AllowUnsafe = Annotated[
     bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
@@ -96,33 +98,70 @@ class Role(str, Enum):
     decode = "decode"
 
 
-# The deployment and selection options `check` and `advise` share.
+# The deployment options every command that needs a deployment takes (check, fix, run, advise).
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", "-c", help="Deployment YAML (model, env, roles, ignore).")
+    Path | None,
+    typer.Option("--config", "-c", metavar="FILE", help="Deployment YAML (model, env, roles, ignore)."),
 ]
 ModelPathOption = Annotated[
-    Path | None, typer.Option("--model-path", help="Local model directory (its config.json is read).")
+    Path | None,
+    typer.Option("--model-path", metavar="DIR", help="Local model directory (its config.json is read)."),
 ]
 RoleOption = Annotated[
     Role | None, typer.Option("--disaggregation-mode", help="With --model-path: the server's PD role.")
 ]
-PpSizeOption = Annotated[int | None, typer.Option("--pp-size", min=1, help="With --model-path.")]
-TpSizeOption = Annotated[int | None, typer.Option("--tp-size", min=1, help="With --model-path.")]
-PageSizeOption = Annotated[int | None, typer.Option("--page-size", min=1, help="With --model-path.")]
+PpSizeOption = Annotated[int | None, typer.Option("--pp-size", min=1, metavar="N", help="With --model-path.")]
+TpSizeOption = Annotated[int | None, typer.Option("--tp-size", min=1, metavar="N", help="With --model-path.")]
+PageSizeOption = Annotated[
+    int | None, typer.Option("--page-size", min=1, metavar="N", help="With --model-path.")
+]
 EnvOption = Annotated[
-    list[str] | None, typer.Option("--env", "-e", help="With --model-path: NAME=VALUE, repeatable.")
+    list[str] | None,
+    typer.Option(
+        "--env", "-e", metavar="NAME=VALUE", help="With --model-path: an environment variable (repeatable)."
+    ),
+]
+IsolatedOption = Annotated[
+    bool,
+    typer.Option(
+        "--isolated",
+        help="Do not read the shell's environment: the deployment's variables are only those it sets.",
+    ),
+]
+SglangPathOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--sglang-path",
+        metavar="DIR",
+        help="This unpacked wheel or source tree instead of the installed sglang.",
+    ),
 ]
 SelectOption = Annotated[
-    list[str] | None, typer.Option("--select", "-s", help="Run only these check ids (repeatable).")
+    list[str] | None,
+    typer.Option("--select", "-s", metavar="ID", help="Run only these check ids (repeatable, or ID,ID)."),
 ]
 OutputOption = Annotated[
-    Path | None, typer.Option("--output", "-o", help="Write the report here, not stdout.")
+    Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report here, not stdout.")
 ]
 FailOnOption = Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")]
 IgnoreOption = Annotated[
     list[str] | None,
-    typer.Option("--ignore", help="ID or ID:YYYY-MM-DD: accept this check's finding (until the date)."),
+    typer.Option(
+        "--ignore",
+        metavar="ID[:DATE]",
+        help="Accept this check's finding (until DATE, YYYY-MM-DD; repeatable).",
+    ),
 ]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
+
+DEPLOYMENT_HELP = (
+    "Deployment, one of: --config deploy.yaml; the launch command after '--' "
+    "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...); --model-path DIR "
+    "with --disaggregation-mode, --pp-size, --tp-size, --page-size and --env. In every form the shell's "
+    "ASCEND_*, SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read, and what the "
+    "deployment sets wins (--isolated reads none). With no deployment, every check assumes the "
+    "conditions under which its defect bites and says so."
+)
 
 
 def _ids(values: list[str] | None) -> list[str]:
@@ -130,8 +169,8 @@ def _ids(values: list[str] | None) -> list[str]:
     return [s for item in (values or []) for s in item.split(",") if s]
 
 
-def _check_request(ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select, fail_on,
-                   ignore):  # fmt: skip
+def _check_request(ctx, *, config, model_path, role, pp_size, tp_size, page_size, env, isolated, depth,
+                   select=None, fail_on=FailOn.fail, ignore=None):  # fmt: skip
     """The ``CheckRequest`` of the deployment options, a launch command after ``--`` included."""
     from npudoctor.runner import CheckRequest
 
@@ -158,17 +197,13 @@ def _check_request(ctx, config, model_path, role, pp_size, tp_size, page_size, e
         fail_on=fail_on.value,
         ignore=list(ignore or []),
         today=dt.date.today(),
+        isolated=isolated,
     )
 
 
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
-    epilog=(
-        "Deployment: --config deploy.yaml, or a launch command after '--' "
-        "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...), "
-        "or --model-path with the flags below. With none, every check assumes the conditions "
-        "under which its defect bites and says so.\n\n" + EXIT_CODES_HELP
-    ),
+    epilog=DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP,
 )
 def check(
     ctx: typer.Context,
@@ -179,12 +214,8 @@ def check(
     tp_size: TpSizeOption = None,
     page_size: PageSizeOption = None,
     env: EnvOption = None,
-    sglang_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--sglang-path", help="Check this unpacked wheel or source tree instead of the installed sglang."
-        ),
-    ] = None,
+    isolated: IsolatedOption = False,
+    sglang_path: SglangPathOption = None,
     depth: Annotated[
         Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
     ] = (Depth.auto),
@@ -197,36 +228,112 @@ def check(
         list[str] | None,
         typer.Option(
             "--with-fix",
+            metavar="ID",
             help="Run the live probes with this runtime fix applied, as `npudoctor run --select ID` would "
             "(repeatable): shows whether the fix cures the deployment.",
         ),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Text: every check's details, not only the findings'.")
+    ] = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.progress import Progress
     from npudoctor.runner import run
 
-    request = _check_request(ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select,
-                             fail_on, ignore)  # fmt: skip
+    _require_destination(output, github=output_format is Format.github)
+    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
+                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
+                             select=select, fail_on=fail_on, ignore=ignore)  # fmt: skip
     request.sglang_path = sglang_path
     request.with_fixes = _ids(with_fix)
-    report = run(request, progress=err if err.is_terminal else None)
-    _emit(report, output_format.value if output_format else "text", output)
+    report = run(request, progress=Progress.for_stderr(quiet))
+    _emit(report, output_format.value if output_format else "text", output, verbose, request.repeated_args())
     raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
 
 
-def _emit(report, format_name: str, output: Path | None) -> None:
+def _emit(report, format_name: str, output: Path | None, verbose: bool, fix_args: list[str]) -> None:
     from npudoctor.formatters import renderer
 
-    if format_name == "text" and output is None:
-        from npudoctor.formatters.text import renderable
+    if format_name == "text":
+        from npudoctor.formatters import text
 
-        Console(highlight=False).print(renderable(report))
+        if output is None:
+            text.print_report(_console(), report, verbose=verbose, fix_args=fix_args)
+        else:
+            _write(text.render(report, verbose=verbose, fix_args=fix_args), output)
     else:
         _write(renderer(format_name)(report), output)
     if format_name == "github":
         from npudoctor.formatters.github import write_step_summary
 
         _step_summary(lambda path: write_step_summary(report, path))
+
+
+class ReaderGone(Exception):
+    """The reader of stdout went away (a closed pipe). Not an ``OSError``: click answers an EPIPE
+    ``OSError`` with ``sys.exit(1)`` itself, and rich with ``SystemExit(1)``; ``main`` ends on this."""
+
+
+class _Stdout(Console):
+    """stdout as rich prints on it; a reader that went away is ``ReaderGone``."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise ReaderGone
+
+
+def _console() -> Console:
+    """The console reports are printed on (stdout; its width from the terminal, or $COLUMNS, else 80)."""
+    _require_stdout()
+    return _Stdout(highlight=False)
+
+
+def _require_destination(output: Path | None, github: bool = False) -> None:
+    """Before any work: the report (and a GitHub step summary) can be written where it goes, so a
+    bad ``-o`` is said at once, not after a live run whose results it would lose."""
+    if output is None:
+        _require_stdout()
+    else:
+        _require_writable(output, "--output")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY") if github else None
+    if summary:
+        _require_writable(Path(summary), "GITHUB_STEP_SUMMARY=")
+
+
+def _require_stdout() -> None:
+    try:
+        usable = (
+            sys.stdout is not None and not sys.stdout.closed and os.fstat(sys.stdout.fileno()) is not None
+        )
+    except (OSError, ValueError, io.UnsupportedOperation):
+        usable = sys.stdout is not None and not sys.stdout.closed  # a stream without a descriptor (tests)
+    if not usable:
+        raise InputError("standard output is closed: write the report with --output FILE")
+
+
+def _require_writable(path: Path, option: str) -> None:
+    """``path`` can be written: opened for appending (which changes no byte of a file that exists;
+    one created for the test is removed again), so a read-only file system or a denied directory is
+    found as the real write would find it."""
+    shown = f"{option}{path}" if option.endswith("=") else f"{option} {path}"
+    if path.is_dir():
+        raise InputError(f"{shown}: is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(
+            f"{shown}: {'not a directory' if parent.exists() else 'no such directory'}: {parent}"
+        )
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise InputError(f"{shown}: cannot write ({error.strerror})") from None
+    if not existed:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _step_summary(write: Callable[[str], None]) -> None:
@@ -257,7 +364,7 @@ class AdviseFormat(str, Enum):
         "wheels in DIR, offline (with --releases: those of them in the range); --sglang-path (repeatable) "
         "trees of your own, checked first. Wheels are fetched once with `pip download --no-deps` into "
         "$NPUDOCTOR_SGLANG_CACHE (default ~/.cache/npudoctor/sglang); a release that cannot be had is a "
-        "row saying why. The deployment options are those of `npudoctor check`.\n\n"
+        "row saying why.\n\n" + DEPLOYMENT_HELP + "\n\n"
         "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
         "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
         "checked (or no sglang to start from)."
@@ -272,17 +379,23 @@ def advise(
     tp_size: TpSizeOption = None,
     page_size: PageSizeOption = None,
     env: EnvOption = None,
+    isolated: IsolatedOption = False,
     releases: Annotated[
         str | None,
         typer.Option("--releases", "-r", metavar="A..B", help="Releases to check: A..B, A.., A,B,C or A."),
     ] = None,
     wheel_dir: Annotated[
-        Path | None, typer.Option("--wheel-dir", help="Check the sglang wheels in this directory (offline).")
+        Path | None,
+        typer.Option(
+            "--wheel-dir", metavar="DIR", help="Check the sglang wheels in this directory (offline)."
+        ),
     ] = None,
     sglang_path: Annotated[
         list[Path] | None,
         typer.Option(
-            "--sglang-path", help="Also check this unpacked wheel or source tree, first (repeatable)."
+            "--sglang-path",
+            metavar="DIR",
+            help="Also check this unpacked wheel or source tree, first (repeatable).",
         ),
     ] = None,
     depth: Annotated[
@@ -294,6 +407,7 @@ def advise(
             "--jobs",
             "-j",
             min=0,
+            metavar="N",
             help="Releases checked at once (default 0: one per core).",
         ),
     ] = 0,
@@ -302,29 +416,42 @@ def advise(
     output: OutputOption = None,
     fail_on: FailOnOption = FailOn.fail,
     ignore: IgnoreOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
     from npudoctor.advise import AdviseRequest, exit_status
     from npudoctor.advise import advise as run_advise
     from npudoctor.formatters import advice as advice_format
 
+    _require_destination(output, github=output_format is AdviseFormat.github)
     request = AdviseRequest(
         check=_check_request(
-            ctx, config, model_path, role, pp_size, tp_size, page_size, env, depth, select, fail_on, ignore
+            ctx,
+            config=config,
+            model_path=model_path,
+            role=role,
+            pp_size=pp_size,
+            tp_size=tp_size,
+            page_size=page_size,
+            env=env,
+            isolated=isolated,
+            depth=depth,
+            select=select,
+            fail_on=fail_on,
+            ignore=ignore,
         ),  # fmt: skip
         releases=releases,
         wheel_dir=wheel_dir,
         sglang_paths=list(sglang_path or []),
         jobs=jobs,
     )
-    if output is not None and output.is_dir():
-        raise InputError(f"--output {output}: is a directory")
+    say = (lambda _line: None) if quiet else _say
     started = time.perf_counter()
-    result = run_advise(request, on_row=lambda i, n, row: _say(advice_format.row_line(i, n, row)))
-    _say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
+    result = run_advise(request, on_row=lambda i, n, row: say(advice_format.row_line(i, n, row)))
+    say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
     fmt = output_format.value
     if fmt == "text" and output is None:
-        advice_format.print_text(result, Console(highlight=False))
+        advice_format.print_text(result, _console())
     else:
         _write(advice_format.render(result, fmt, npudoctor.__version__), output)
     if fmt == "github":
@@ -332,9 +459,15 @@ def advise(
     raise typer.Exit(exit_status(result))
 
 
-def _write(text: str, output: Path | None) -> None:
+def _write(text: str, output: Path | None = None) -> None:
+    """The report on stdout (or in ``output``): every plain write of the CLI goes through here."""
     if output is None:
-        sys.stdout.write(text)
+        _require_stdout()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise ReaderGone from None
         return
     try:
         output.write_text(text, encoding="utf-8", errors="backslashreplace")
@@ -343,18 +476,23 @@ def _write(text: str, output: Path | None) -> None:
 
 
 @app.command(
-    context_settings={"allow_extra_args": False},
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
     epilog=(
         "Without --apply, --revert or --status: print the plan (what would be patched, where, "
         "why) and change nothing. Fixes are applied only where their check fails for the "
-        "deployment and the code is a shape the fix was written for. Kill switch for every "
-        "process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
-        "Exit codes: 0 done (plan shown, fixes recorded or reverted, status shown); 2 usage or "
-        "input error (unknown fix id, unwritable --site, damaged record); 3 internal error; "
-        "4 no sglang found."
+        "deployment and the code is a shape the fix was written for. --apply records them beside "
+        "the sglang they fix (the directory it is imported from; --site or $NPUDOCTOR_SITE to choose), "
+        "where sglang 0.5.11+ loads them in every scheduler process; --status and --revert look there. "
+        "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
+        + DEPLOYMENT_HELP
+        + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
+        "the record no longer fits this sglang or deployment (the next command is printed); 2 usage or "
+        "input error (unknown fix id, unwritable --site, damaged record); 3 internal error; 4 no sglang "
+        "found, or it has no Ascend NPU backend."
     ),
 )
 def fix(
+    ctx: typer.Context,
     apply: Annotated[
         bool, typer.Option("--apply", help="Record the fixes so every sglang process applies them at start.")
     ] = False,
@@ -364,98 +502,158 @@ def fix(
     ] = False,
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: assume the worst case.")
-    ] = None,
-    sglang_path: Annotated[
-        Path | None, typer.Option("--sglang-path", help="Plan for this unpacked wheel or source tree.")
-    ] = None,
+    config: ConfigOption = None,
+    model_path: ModelPathOption = None,
+    role: RoleOption = None,
+    pp_size: PpSizeOption = None,
+    tp_size: TpSizeOption = None,
+    page_size: PageSizeOption = None,
+    env: EnvOption = None,
+    isolated: IsolatedOption = False,
+    sglang_path: SglangPathOption = None,
     site: Annotated[
         Path | None,
         typer.Option(
             "--site",
-            help="Directory on sglang's sys.path for the record (default: this interpreter's site-packages, "
-            "or $NPUDOCTOR_SITE).",
+            metavar="DIR",
+            help="Directory on sglang's sys.path for the record (default: $NPUDOCTOR_SITE, else the "
+            "directory sglang is imported from).",
         ),
     ] = None,
     output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
     depth: PlanDepth = Depth.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Text: every fix's reason.")] = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
-    from npudoctor.target import discover
+    from npudoctor import registration
+    from npudoctor.runner import load_deployment
+    from npudoctor.target import discover, require_ascend_backend
 
     if sum((apply, revert, status)) > 1:
         raise InputError("give at most one of --apply, --revert, --status")
+    _require_stdout()
     as_json = output_format is DataFormat.json
+    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
+                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
+                             select=select)  # fmt: skip
+    request.sglang_path = sglang_path
     if revert:
-        _fix_revert(site, as_json)
-    elif status:
-        _fix_status(discover(sglang_path), site, as_json, config, depth.value)
+        _fix_revert(site, sglang_path, as_json)
+        return
+    target = discover(sglang_path)
+    require_ascend_backend(target)
+    deploy = load_deployment(request)
+    if apply:
+        registration.require_writable(site, target)  # before the plan's live run
+    planned = _plan(request, target, deploy.facts, unsafe, quiet)
+    site_args = ["--site", str(site)] if site is not None else []
+    if status:
+        _fix_status(target, site, as_json, planned, request.repeated_args() + site_args)
+    elif apply:
+        undo = (["--sglang-path", str(sglang_path)] if sglang_path is not None else []) + site_args
+        _fix_apply(target, planned, site, as_json, request.repeated_args() + site_args, undo)
     else:
-        from npudoctor import fixing
-        from npudoctor.runner import load_deployment_from
-        from npudoctor.serverargs import validate_arguments
-
-        target = discover(sglang_path)
-        deploy = load_deployment_from(config)
-        validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before planning
-        ids = _ids(select)
-        planned = fixing.plan(fixing.select_fixes(ids), target, deploy.facts, unsafe, depth.value)
-        if apply:
-            _fix_apply(target, planned, site, as_json)
-        else:
-            _fix_show_plan(planned, as_json)
+        _fix_show_plan(
+            planned, as_json, verbose, request.repeated_args() + _select_args(request.select, unsafe)
+        )
 
 
-def _fix_revert(site: Path | None, as_json: bool) -> None:
-    """``fix --revert``: remove the record --apply wrote."""
+def _select_args(ids: list[str], unsafe: bool) -> list[str]:
+    """The ``--select``/``--unsafe`` options of a hint that repeats the user's command."""
+    return (["--select", ",".join(ids)] if ids else []) + (["--unsafe"] if unsafe else [])
+
+
+def _plan(request, target, facts, unsafe: bool, quiet: bool):
+    """``fixing.plan`` of the request's fixes (all of them without --select), with progress."""
+    from npudoctor import fixing
+    from npudoctor.progress import Progress
+    from npudoctor.runner import live_steps
+    from npudoctor.serverargs import validate_arguments
+
+    validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
+    fixes = fixing.select_fixes(request.select)
+    with Progress.for_stderr(quiet) as progress:
+        progress.step(
+            f"planning fixes for sglang {target.version} ({len(fixes)} fix(es), depth {request.depth})"
+        )
+        return fixing.plan(
+            fixes, target, facts, unsafe, request.depth, on_step=live_steps(progress.step, target)
+        )
+
+
+def _fix_revert(site: Path | None, sglang_path: Path | None, as_json: bool) -> None:
+    """``fix --revert``: remove the record --apply wrote (beside the sglang named, or installed)."""
     from npudoctor import registration
+    from npudoctor.target import discover
 
-    removed = registration.remove(site)
+    target = None
+    if site is None and sglang_path is None:
+        with contextlib.suppress(NoTargetError):  # no sglang installed: this interpreter's site-packages
+            target = discover()
+    elif site is None:
+        target = discover(sglang_path)
+    removed = registration.remove(site, target)
     _fix_output(as_json, {"reverted": str(removed) if removed else None},
                 f"removed {removed}" if removed else "nothing to revert: no fix is recorded in "
-                f"{registration.site_dir(site)}")  # fmt: skip
+                f"{registration.site_dir(site, target)}")  # fmt: skip
 
 
-def _fix_status(target, site: Path | None, as_json: bool, config: Path | None, depth: str) -> None:
-    """``fix --status``: what is recorded, whether it still fits the installed sglang, and whether
-    the deployment still needs it (the decision ``fix`` makes)."""
+def _fix_status(target, site: Path | None, as_json: bool, planned, fix_args: list[str]) -> None:
+    """``fix --status``: what is recorded, whether it still fits the installed sglang, whether the
+    deployment still needs it and needs nothing more (the decisions ``fix`` makes now); exit 1 with
+    the next command when the record no longer fits."""
     from npudoctor import fixing, registration
-    from npudoctor.fix import fix_by_id
-    from npudoctor.runner import load_deployment_from
 
-    document = registration.read(site)
+    document = registration.read(site, target)
+    where = registration.site_dir(site, target)
     if document is None:
-        _fix_output(as_json, {"recorded": None}, f"no fix is recorded in {registration.site_dir(site)}")
+        _fix_output(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
         return
-    known = []
-    for fix_id in sorted(document["fixes"]):
-        with contextlib.suppress(KeyError):
-            known.append(fix_by_id(fix_id))
-    planned = fixing.plan(known, target, load_deployment_from(config).facts, True, depth)
     rows = fixing.status(document, target, planned)
+    fits = all(row.fits for row in rows)
+    needed = [p.fix.id for p in planned if p.decision.action is fixing.Action.APPLY]
+    command = "npudoctor fix " + shlex.join(
+        ["--apply", "--select", ",".join(needed), *fix_args] if needed else ["--revert", *fix_args]
+    )
     if as_json:
-        _fix_output(True, {"recorded": document, "status": [r.__dict__ for r in rows]}, "")
-        return
-    console = Console(highlight=False)
-    console.print(f"recorded in {registration.site_dir(site) / registration.DIST_INFO}")
-    _plugin_note(console, target)
-    for row in rows:
-        console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        data = {"recorded": document, "status": [r.__dict__ for r in rows], "fits": fits}
+        _fix_output(True, data if fits else {**data, "next": command}, "")
+    else:
+        console = _console()
+        console.print(f"recorded in {escape(str(where / registration.DIST_INFO))}", soft_wrap=True)
+        recorded_for = document.get("sglang", {}).get("version")
+        if recorded_for != target.version:
+            console.print(
+                f"recorded for sglang {escape(str(recorded_for))}; this is sglang {escape(str(target.version))}"
+            )
+        _plugin_note(console, target)
+        for row in rows:
+            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        if fits:
+            console.print("the record fits this sglang and deployment")
+        else:
+            console.print("the record no longer fits; next:")
+            console.print(f"  {escape(command)}", soft_wrap=True)
+    if not fits:
+        raise typer.Exit(ExitCode.FINDINGS)
 
 
-def _fix_show_plan(planned, as_json: bool) -> None:
-    """``fix``: the plan, nothing changed."""
+def _fix_show_plan(planned, as_json: bool, verbose: bool = False, fix_args: list[str] | None = None) -> None:
+    """``fix``: the plan, nothing changed; ``fix_args`` (the user's options) repeated in the hint."""
     if as_json:
         _fix_output(True, {"plan": _plan_json(planned)}, "")
         return
-    console = Console(highlight=False)
-    _print_plan(console, planned)
-    console.print("nothing changed: `npudoctor fix --apply` records the fixes marked apply")
+    from npudoctor.formatters import plan
+
+    plan.print_plan(console := _console(), planned, verbose)
+    plan.print_apply_hint(console, planned, fix_args)
 
 
-def _fix_apply(target, planned, site: Path | None, as_json: bool) -> None:
-    """``fix --apply``: record the fixes the plan accepts where sglang's processes find them."""
+def _fix_apply(target, planned, site: Path | None, as_json: bool, status_args: list[str],
+               undo_args: list[str]) -> None:  # fmt: skip
+    """``fix --apply``: record the fixes the plan accepts where sglang's processes find them; the
+    commands that check and undo it repeat the user's options."""
     from npudoctor import fixing, registration
 
     document = fixing.record_document(planned, target)
@@ -463,16 +661,22 @@ def _fix_apply(target, planned, site: Path | None, as_json: bool) -> None:
         _fix_output(as_json, {"applied": [], "plan": _plan_json(planned)},
                     "nothing to apply: " + "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned))  # fmt: skip
         return
-    path = registration.write(document, site)
+    path = registration.write(document, site, target)
     if as_json:
         _fix_output(
             True, {"applied": sorted(document["fixes"]), "record": str(path), "plan": _plan_json(planned)}, ""
         )
         return
-    console = Console(highlight=False)
+    console = _console()
     _print_plan(console, planned)
-    console.print(f"recorded {', '.join(sorted(document['fixes']))} in {path}")
+    console.print(f"recorded {', '.join(sorted(document['fixes']))} in {escape(str(path))}", soft_wrap=True)
     _plugin_note(console, target)
+    console.print(
+        f"check it: {escape(shlex.join(['npudoctor', 'fix', '--status', *status_args]))}", soft_wrap=True
+    )
+    console.print(
+        f"undo it:  {escape(shlex.join(['npudoctor', 'fix', '--revert', *undo_args]))}", soft_wrap=True
+    )
 
 
 def _plan_json(planned) -> list[dict]:
@@ -491,19 +695,10 @@ def _plan_json(planned) -> list[dict]:
     ]
 
 
-def _print_plan(console: Console, planned) -> None:
-    table = Table(show_header=True, header_style="bold")
-    for column in ("ID", "Action", "Safety", "Replaces", "Why"):
-        table.add_column(column, no_wrap=column in ("ID", "Action", "Safety"), overflow="fold")
-    for p in planned:
-        table.add_row(
-            p.fix.id,
-            p.decision.action.value,
-            p.fix.safety.value,
-            "\n".join(s.split(":")[1] for s in (p.decision.installs or p.fix.replaces)),
-            escape(f"{p.decision.reason}\n{p.fix.provenance}"),
-        )
-    console.print(table)
+def _print_plan(console: Console, planned, verbose: bool = False) -> None:
+    from npudoctor.formatters import plan
+
+    plan.print_plan(console, planned, verbose)
 
 
 def _plugin_note(console: Console, target) -> None:
@@ -525,9 +720,9 @@ def _fix_output(as_json: bool, data: dict, text: str) -> None:
     import json
 
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        _write(json.dumps(data, indent=2) + "\n")
     else:
-        Console(highlight=False).print(escape(text))
+        _console().print(escape(text))
 
 
 @app.command(
@@ -535,24 +730,38 @@ def _fix_output(as_json: bool, data: dict, text: str) -> None:
     epilog=(
         "Every Python process the command starts, sglang's spawned schedulers included, applies "
         "the fixes when sglang's modules are imported (a sitecustomize on PYTHONPATH); works for "
-        "every sglang release. The deployment is read from the launch command (or --config). "
-        "Exit code: the command's; 126/127 when it cannot run or is not found; 2 for bad npudoctor "
-        "options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
+        "every sglang release. Before it starts, one line on stderr says which fixes apply "
+        "(--verbose: every fix's decision; --quiet: nothing unless a fix applies). The deployment is "
+        "the launch command's, unless --config or --model-path describes it; the shell's ASCEND_*, "
+        "SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read (what the deployment sets "
+        "wins; --isolated reads none). A command that is not an sglang launch npudoctor can read gets the "
+        "fixes for the worst case. Exit code: the command's; 126/127 when it cannot run or is not found; "
+        "2 for bad npudoctor options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
     ),
 )
 def run(
     ctx: typer.Context,
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Deployment YAML; default: the launch command's.")
-    ] = None,
+    config: ConfigOption = None,
+    model_path: ModelPathOption = None,
+    role: RoleOption = None,
+    pp_size: PpSizeOption = None,
+    tp_size: TpSizeOption = None,
+    page_size: PageSizeOption = None,
+    env: EnvOption = None,
+    isolated: IsolatedOption = False,
     depth: PlanDepth = Depth.auto,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Every fix's decision, on stderr.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress; say nothing when no fix applies.")
+    ] = False,
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
-    from npudoctor import deployment, fixing
-    from npudoctor.runner import load_deployment_from
-    from npudoctor.serverargs import validate_arguments
+    from npudoctor import fixing
+    from npudoctor.runner import load_deployment
     from npudoctor.target import discover
 
     command = list(ctx.args)
@@ -563,25 +772,34 @@ def run(
             "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
         )
     fixing.resolve_command(command[0])  # 127/126 before any planning
-    if config is not None:
-        deploy = load_deployment_from(config)
-    else:
-        try:
-            deploy = deployment.from_command(command)
-        except InputError:
-            deploy = deployment.no_deployment()  # not an sglang launch we can read: assume the worst
+    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
+                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
+                             select=select)  # fmt: skip
+    if config is not None or model_path is not None:
+        request.launch_command = []  # the deployment is described; the command is only run
+    try:
+        deploy = load_deployment(request)
+    except InputError:
+        if not request.launch_command:
+            raise
+        request.launch_command = []  # not an sglang launch npudoctor can read: assume the worst
+        deploy = load_deployment(request)
     target = discover()
-    validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2, the server would not start
-    planned = fixing.plan(
-        fixing.select_fixes(_ids(select)),
-        target,
-        deploy.facts,
-        unsafe,
-        depth.value,
-    )
+    if target.has_ascend_backend:
+        planned = _plan(request, target, deploy.facts, unsafe, quiet)
+    else:
+        planned = []
+        if not quiet:
+            _say(f"sglang {target.version} has no Ascend NPU backend: no runtime fix applies")
     document = fixing.record_document(planned, target)
-    for p in planned:
-        _say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
+    if verbose:
+        for p in planned:
+            _say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
+    applied = sorted(document["fixes"])
+    if applied:
+        _say(f"applying {', '.join(applied)} to sglang {target.version} in every process of the command")
+    elif planned and not quiet:
+        _say(f"no runtime fix applies to sglang {target.version} for this deployment")
     raise typer.Exit(fixing.run_command(command, document))
 
 
@@ -589,92 +807,51 @@ def run(
 def list_checks() -> None:
     """List every check: id, title, upstream references."""
     from npudoctor.check import all_checks
+    from npudoctor.formatters import catalog
 
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("ID", no_wrap=True)
-    table.add_column("Title")
-    table.add_column("Upstream")
-    table.add_column("Fixed in", no_wrap=True)
-    for item in all_checks():
-        table.add_row(item.id, item.title, "\n".join(item.upstream), _fixed_in_history(item))
-    Console(highlight=False).print(table)
-
-
-def _fixed_in_history(item) -> str:
-    """What ``npudoctor.history`` says for the check on any deployment: the first release from
-    which every witness deployment holds the property, or that the newest still fails."""
-    from npudoctor import history
-    from npudoctor.facts import NO_DEPLOYMENT
-
-    if not item.upstream_history:
-        return "-"
-    found = history.upstream(item.id, NO_DEPLOYMENT, None)
-    if found.fixed_in:
-        return f"fixed in {found.fixed_in}"
-    return f"not fixed as of {found.newest_checked}" if found.newest_checked else "-"
+    catalog.print_list(_console(), all_checks())
 
 
 @app.command()
-def explain(check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")]) -> None:
+def explain(
+    check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")],
+    full: Annotated[bool, typer.Option("--full", help="Also what the check tests, and how.")] = False,
+) -> None:
     """Why a check matters, when its defect bites, and how to fix it."""
-    from npudoctor import history
     from npudoctor.check import all_checks
-    from npudoctor.fix import fix_by_id
+    from npudoctor.formatters import catalog
 
     checks = {c.id: c for c in all_checks()}
     item = checks.get(check_id.strip().upper())
     if item is None:
         raise InputError(f"unknown check id {check_id!r} (known: {', '.join(checks)})")
-    console = Console(highlight=False)
-    console.print(f"[bold]{item.id}[/]  {escape(item.title)}\n")
-    console.print(f"[bold]Why it matters[/]\n{escape(item.why)}\n")
-    console.print(f"[bold]When it bites[/]\n{escape(item.bites_when)}\n")
-    console.print(f"[bold]How to fix[/]\n{escape(item.how_to_fix)}")
-    console.print(f"Upstream (release history npudoctor checked): {escape(_fixed_in_history(item))}", end="")
-    witnesses = history.witness_deployments(item.id) if item.upstream_history else []
-    console.print(f" (on {escape(', '.join(witnesses))})." if witnesses else ".")
-    for url in item.upstream:
-        console.print(f"Upstream: {url}")
-    try:
-        fix = fix_by_id(item.id)
-    except KeyError:  # a check without a runtime fix (NPD000)
-        fix = None
-    if fix is not None:
-        console.print(
-            f"\n[bold]Runtime fix[/] ({fix.safety.value})\n{escape(fix.title)}: {escape(fix.provenance)}."
-        )
-    doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
-    if doc:
-        console.print(f"\n[bold]What the check tests[/]\n{escape(doc)}")
+    catalog.print_explain(_console(), item, full)
 
 
 @app.command("env")
 def env_command(
-    output_format: Annotated[
-        Format | None, typer.Option("--format", "-f", help="text (default) or json.")
-    ] = None,
+    output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
 ) -> None:
     """Inventory of this host: Python, torch, torch_npu, CANN, npu-smi, sglang, relevant env vars (secrets redacted)."""
     import json
 
     from npudoctor.envinfo import inventory
 
+    _require_stdout()
     data = inventory()
-    if output_format in (None, Format.text):
-        table = Table(show_header=False, box=None)
-        for key, value in data.items():
-            if key != "environment":
-                table.add_row(f"[bold]{key}[/]", escape(str(value)))
-        console = Console(highlight=False)
-        console.print(table)
-        if data["environment"]:
-            console.print("[bold]environment[/]")
-            for key, value in data["environment"].items():
-                console.print(f"  {key}={escape(value)}")
-    elif output_format == Format.json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    else:
-        raise InputError("env: --format must be text or json")
+    if output_format is DataFormat.json:
+        _write(json.dumps(data, indent=2) + "\n")
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in data.items():
+        if key != "environment":
+            table.add_row(f"[bold]{key}[/]", escape(str(value)))
+    console = _console()
+    console.print(table)
+    if data["environment"]:
+        console.print("[bold]environment[/]")
+        for key, value in data["environment"].items():
+            console.print(f"  {key}={escape(value)}")
 
 
 @app.callback(invoke_without_command=True)
@@ -686,9 +863,24 @@ def _root(
         raise typer.Exit(ExitCode.OK)
 
 
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: map errors to the documented exit codes, one line each, never a traceback."""
     _tolerant_streams()
+    code = _main(argv)
+    try:  # a reader gone while the last lines sat in the buffer: 141 here too
+        if sys.stdout is not None and not sys.stdout.closed:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_gone()
+    except (OSError, ValueError):
+        pass
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         code = app(args=argv, prog_name="npudoctor", standalone_mode=False)
     except typer.Exit as done:
@@ -699,6 +891,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("interrupted")
         return 130
+    except (ReaderGone, BrokenPipeError):
+        return _stdout_gone()
     except Exception as error:
         if _is_usage_error(error):
             _say(f"error: {error.format_message()}")
@@ -709,6 +903,16 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"internal error: {type(error).__name__}: {error} (NPUDOCTOR_DEBUG=1 shows the traceback)")
         return int(ExitCode.INTERNAL)
     return int(code) if isinstance(code, int) else int(ExitCode.OK)
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``npudoctor explain NPD001 | head -1``): end as a command that
+    SIGPIPE stopped does, quietly with 141 (128 + SIGPIPE), the status a shell reports for ``cat``
+    there. stdout is pointed at /dev/null so that flushing it at exit raises nothing more."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
 
 
 def _tolerant_streams() -> None:

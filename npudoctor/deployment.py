@@ -5,6 +5,13 @@ Three inputs, one result: a YAML file (``--config``), a real launch command
 few flags. Files are read with ``yaml.safe_load`` / ``json.load`` only; nothing in a
 model directory is ever executed. Every error names the file and field.
 
+One environment rule for the three: a role's environment is ``shell`` (the caller's variables
+that change sglang's code paths, ``shell_env()``; the CLI passes ``{}`` with ``--isolated``),
+overridden by what the description sets (YAML ``env:``/role ``env:``, ``--env``, a ``NAME=value``
+prefix of the launch command). ``Facts.env_from_shell`` names what came from the shell, so a
+report says why ``ASCEND_USE_FIA`` is on. With no description nothing is read: every check assumes
+the conditions under which its defect bites.
+
 YAML shape::
 
     model: {config: path/to/config.json}    # or {path: model_dir} or {hf_config: {...}}
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +40,7 @@ from npudoctor.ignores import Ignore, parse_yaml
 from npudoctor.launch import flag_names, parse_arguments, parse_command
 
 # Environment variables that change sglang's code paths on Ascend; read from the
-# caller's environment when a deployment is given as a launch command.
+# caller's environment for every form of deployment (``shell_env``).
 _CODE_PATH_ENV_PREFIXES = ("ASCEND_", "SGLANG_", "HCCL_", "PYTORCH_NPU_", "TASK_QUEUE_")
 
 _YAML_KEYS = {"model", "env", "roles", "ignore"}
@@ -46,7 +54,13 @@ class Deployment:
     ignores: list[Ignore] = field(default_factory=list)
 
 
-def from_yaml(path: Path) -> Deployment:
+def shell_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that change sglang's code paths."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(_CODE_PATH_ENV_PREFIXES)}
+
+
+def from_yaml(path: Path, shell: Mapping[str, str] | None = None) -> Deployment:
     where = str(path)
     data = _load_yaml(path)
     if data is None:
@@ -63,6 +77,7 @@ def from_yaml(path: Path) -> Deployment:
     if not isinstance(roles_data, dict) or not roles_data:
         raise InputError(f"{where}: roles must be a mapping of role name to {{server_args|args, env}}")
     roles = []
+    taken: set[str] = set()  # the shell's variables a role took, not set by the file
     for name, spec in roles_data.items():
         role_where = f"{where}: roles.{name}"
         spec = spec or {}
@@ -84,17 +99,19 @@ def from_yaml(path: Path) -> Deployment:
             parsed, unknown = _parse_args(words, f"{role_where}.args")
             server_args = {**parsed, **server_args}
             given += [GivenArgument("flag", flag, f"{role_where}.args") for flag in flag_names(words)]
-        env = {**shared_env, **_env_mapping(spec.get("env"), f"{role_where}.env")}
+        own = {**shared_env, **_env_mapping(spec.get("env"), f"{role_where}.env")}
+        env = {**(shell or {}), **own}
         roles.append(role_facts(str(name), server_args, env, model, tuple(unknown), role_where, tuple(given)))
+        taken |= set(shell or {}) - set(own)
     ignores = parse_yaml(data.get("ignore"), where)
-    return Deployment(Facts(model=model, roles=tuple(roles), source=f"yaml:{path}"), ignores)
+    facts = Facts(model=model, roles=tuple(roles), source=f"yaml:{path}", env_from_shell=tuple(sorted(taken)))
+    return Deployment(facts, ignores)
 
 
-def from_command(argv: list[str], parser=None) -> Deployment:
-    """A deployment from one real launch command: one role, its env from the caller plus the prefix."""
+def from_command(argv: list[str], parser=None, shell: Mapping[str, str] | None = None) -> Deployment:
+    """A deployment from one real launch command: one role, its env the ``NAME=value`` prefix."""
     command = parse_command(argv, parser)
-    env = {k: v for k, v in os.environ.items() if k.startswith(_CODE_PATH_ENV_PREFIXES)}
-    env.update(command.env)
+    env = {**(shell or {}), **command.env}
     model = None
     model_path = command.server_args.get("model_path")
     if model_path:
@@ -105,17 +122,29 @@ def from_command(argv: list[str], parser=None) -> Deployment:
     role = role_facts(
         name, command.server_args, env, model, tuple(command.unknown_args), "launch command", given
     )
-    return Deployment(Facts(model=model, roles=(role,), source="command"))
+    return Deployment(
+        Facts(model=model, roles=(role,), source="command", env_from_shell=_taken(shell, command.env))
+    )
 
 
-def from_flags(model_path: Path | None, server_args: dict[str, Any], env: dict[str, str]) -> Deployment:
+def from_flags(
+    model_path: Path | None,
+    server_args: dict[str, Any],
+    env: dict[str, str],
+    shell: Mapping[str, str] | None = None,
+) -> Deployment:
     """A deployment from ``--model-path`` and the few server flags ``check`` takes."""
     model = model_from_dir(model_path, "--model-path") if model_path else None
     mode = str(server_args.get("disaggregation_mode") or "null")
     name = mode if mode in ("prefill", "decode") else "server"
     given = tuple(GivenArgument("field", key, "flags") for key in server_args)
-    role = role_facts(name, server_args, env, model, (), "flags", given)
-    return Deployment(Facts(model=model, roles=(role,), source="flags"))
+    role = role_facts(name, server_args, {**(shell or {}), **env}, model, (), "flags", given)
+    return Deployment(Facts(model=model, roles=(role,), source="flags", env_from_shell=_taken(shell, env)))
+
+
+def _taken(shell: Mapping[str, str] | None, own: Mapping[str, str]) -> tuple[str, ...]:
+    """The names of the shell's variables that the description does not set itself."""
+    return tuple(sorted(set(shell or {}) - set(own)))
 
 
 def no_deployment() -> Deployment:

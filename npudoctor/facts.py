@@ -171,6 +171,7 @@ class Facts:
     model: ModelFacts | None
     roles: tuple[RoleFacts, ...]
     source: str
+    env_from_shell: tuple[str, ...] = ()  # variables the roles took from the caller's environment
 
     @property
     def described(self) -> bool:
@@ -183,6 +184,7 @@ class Facts:
         from npudoctor.redact import redact_argv, redact_data, redact_env
 
         data: dict[str, Any] = {"source": self.source, "described": self.described}
+        data["env_from_shell"] = list(self.env_from_shell)
         data["model"] = asdict(self.model) if self.model else None
         if self.model:
             data["model"]["attention"] = self.model.attention.value

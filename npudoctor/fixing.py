@@ -162,18 +162,27 @@ def loads_plugins(target: Target) -> bool:
 
 @dataclass(frozen=True)
 class SiteStatus:
-    """One recorded fix as ``--status`` sees it."""
+    """One fix as ``--status`` sees it: recorded, or needed now and not recorded."""
 
     fix_id: str
-    state: str  # "in place" | "stale" | "unknown fix"
+    state: str  # "in place" | "stale" | "not needed" | "unknown fix" | "not recorded"
     detail: str
+
+    @property
+    def fits(self) -> bool:
+        """The record holds what ``--apply`` would record now, for this fix."""
+        return self.state == "in place"
 
 
 def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteStatus]:
     """Whether each recorded fix still matches the installed code (sglang may have changed since)
-    and whether the deployment still needs it: ``planned`` holds ``plan``'s decisions for them."""
+    and whether the deployment still needs it, and which fix it needs now that is not recorded
+    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix."""
     decided = {p.fix.id: p for p in planned}
     found = []
+    for p in planned:
+        if p.decision.action is Action.APPLY and p.fix.id not in document["fixes"]:
+            found.append(SiteStatus(p.fix.id, "not recorded", f"needed now: {p.decision.reason}"))
     for fix_id, entry in sorted(document["fixes"].items()):
         if fix_id not in decided:
             found.append(SiteStatus(fix_id, "unknown fix", "this npudoctor has no such fix"))

@@ -1,8 +1,8 @@
 """``npudoctor fix --apply``: record the enabled fixes where every sglang process finds them.
 
 The record is one small distribution, ``npudoctor-fixes-activation``, written into a
-directory on the interpreter's path (by default the site-packages of this interpreter,
-where sglang is installed): a ``.dist-info`` with ``METADATA``, a ``RECORD`` (so ``pip
+directory on the path of the interpreter that runs sglang (``record_dir``: by default the
+directory sglang is imported from): a ``.dist-info`` with ``METADATA``, a ``RECORD`` (so ``pip
 uninstall npudoctor-fixes-activation`` also removes it), the plan (``npudoctor-fixes.json``)
 and an ``entry_points.txt`` that registers ``npudoctor.activation:sglang_plugin`` in
 sglang's plugin group ``sglang.srt.plugins``. sglang 0.5.11+ loads that group in every
@@ -21,12 +21,17 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npudoctor.errors import InputError
 from npudoctor.plan import DIST_NAME, PLAN_FILE, plan_of
+
+if TYPE_CHECKING:
+    from npudoctor.target import Target
 
 DIST_INFO = "npudoctor_fixes_activation-1.dist-info"
 PLUGIN_GROUP = "sglang.srt.plugins"
@@ -34,27 +39,46 @@ PLUGIN_NAME = "npudoctor"
 SITE_ENV = "NPUDOCTOR_SITE"  # where the record goes instead of this interpreter's site-packages
 
 
-def site_dir(site: Path | None = None) -> Path:
-    """The directory that holds the record: ``site``, ``$NPUDOCTOR_SITE``, else site-packages."""
-    chosen = site or os.environ.get(SITE_ENV) or sysconfig.get_paths()["purelib"]
-    return Path(chosen)
+def site_dir(site: Path | None = None, target: Target | None = None) -> Path:
+    """The directory that holds the record: ``site``, ``$NPUDOCTOR_SITE``, else where ``target``'s
+    sglang is imported from (``import_dir``), else this interpreter's site-packages."""
+    chosen = site or os.environ.get(SITE_ENV)
+    if chosen:
+        return Path(chosen)
+    return import_dir(target) if target is not None else Path(sysconfig.get_paths()["purelib"])
 
 
-def write(plan: dict, site: Path | None = None) -> Path:
-    """Write (or replace) the record with ``plan``; returns its directory."""
-    directory = site_dir(site)
-    if not directory.is_dir():
-        raise InputError(
-            f"{directory}: not a directory (set --site or {SITE_ENV} to a directory on sys.path)"
-        )
+def import_dir(target: Target) -> Path:
+    """The directory on ``sys.path`` that sglang's processes import ``target`` from, where they
+    also find the record's entry point; ``InputError`` (with the ``--site`` to give) when that
+    cannot be told.
+
+    - the installed sglang: the ``sys.path`` entry that holds ``sglang/``; an editable install
+      that maps the package through an import hook has none, and is found through this
+      interpreter's site-packages, where its hook is;
+    - ``--sglang-path``: the directory holding ``sglang/`` when it is an import root (an unpacked
+      wheel or a site-packages: a ``*.dist-info`` beside ``sglang/``); a source checkout is
+      imported through an install of its own, which npudoctor cannot see.
+    """
+    root = target.root.resolve()
+    if target.source == "installed":
+        entries = {Path(entry or ".").resolve() for entry in sys.path}
+        return root if root in entries else Path(sysconfig.get_paths()["purelib"])
+    if any(root.glob("*.dist-info")):
+        return root
+    raise InputError(
+        f"--sglang-path {target.root}: a source tree, not a directory sglang is imported from, so npudoctor "
+        "cannot tell where its processes look for plugins: give --site DIR, a directory on the sys.path of "
+        'the interpreter that runs it (its site-packages: python -c "import sysconfig; '
+        "print(sysconfig.get_paths()['purelib'])\"), or start it with `npudoctor run`"
+    )
+
+
+def write(plan: dict, site: Path | None = None, target: Target | None = None) -> Path:
+    """Write (or replace) the record with ``plan`` in ``site_dir(site, target)``; returns its directory."""
+    directory = site_dir(site, target)
     final = directory / DIST_INFO
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=".npudoctor-", dir=directory))
-    except OSError as error:
-        raise InputError(
-            f"cannot write to {directory} ({error.strerror}): use --site DIR with a writable directory "
-            f"that sglang's processes have on sys.path (PYTHONPATH), or `npudoctor run`"
-        ) from None
+    staging = _staging(directory)
     try:
         files = {
             "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: 1\n"
@@ -83,9 +107,32 @@ def write(plan: dict, site: Path | None = None) -> Path:
     return final
 
 
-def remove(site: Path | None = None) -> Path | None:
+def require_writable(site: Path | None = None, target: Target | None = None) -> Path:
+    """The record's directory, once it is known that ``write`` can stage a record there: said before
+    ``--apply`` plans (a live run), the way ``write`` would find it (``os.access`` passes root)."""
+    directory = site_dir(site, target)
+    _staging(directory).rmdir()
+    return directory
+
+
+def _staging(directory: Path) -> Path:
+    """A new empty directory beside the record, renamed into place once written."""
+    if not directory.is_dir():
+        raise InputError(
+            f"{directory}: not a directory (set --site or {SITE_ENV} to a directory on sys.path)"
+        )
+    try:
+        return Path(tempfile.mkdtemp(prefix=".npudoctor-", dir=directory))
+    except OSError as error:
+        raise InputError(
+            f"cannot write to {directory} ({error.strerror}): use --site DIR with a writable directory "
+            f"that sglang's processes have on sys.path (PYTHONPATH), or `npudoctor run`"
+        ) from None
+
+
+def remove(site: Path | None = None, target: Target | None = None) -> Path | None:
     """Delete the record; returns its former path, or None when there was none."""
-    final = site_dir(site) / DIST_INFO
+    final = site_dir(site, target) / DIST_INFO
     if not final.exists() and not final.is_symlink():
         return None
     if final.is_symlink() or not final.is_dir():
@@ -104,9 +151,9 @@ def remove(site: Path | None = None) -> Path | None:
     return final
 
 
-def read(site: Path | None = None) -> dict | None:
-    """The recorded plan document in ``site`` (None when nothing is recorded there)."""
-    path = site_dir(site) / DIST_INFO / PLAN_FILE
+def read(site: Path | None = None, target: Target | None = None) -> dict | None:
+    """The recorded plan document in ``site_dir(site, target)`` (None when nothing is recorded there)."""
+    path = site_dir(site, target) / DIST_INFO / PLAN_FILE
     if not path.is_file():
         return None
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,15 +18,14 @@ from npudoctor.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.errors import InputError
 from npudoctor.evaluate import evaluate, reuse
 from npudoctor.launch import sglang_parser
-from npudoctor.redact import redact_result, redact_value
+from npudoctor.redact import redact_argv, redact_result, redact_value
 from npudoctor.registry import select
 from npudoctor.results import Report, Status
 from npudoctor.serverargs import validate_arguments
-from npudoctor.target import discover
+from npudoctor.target import discover, require_ascend_backend
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import Progress
+    from npudoctor.progress import Progress
 
 
 @dataclass
@@ -42,10 +42,32 @@ class CheckRequest:
     ignore: list[str] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
     with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
+    isolated: bool = False  # the shell's environment is not read (``deployment.shell_env``)
+
+    def repeated_args(self) -> list[str]:
+        """The user's own target and deployment options, for the commands a hint names
+        (``npudoctor fix --select NPD001 <these>``): a launch command goes last, after ``--``.
+        Secret values are redacted (``HF_TOKEN=***``, ``--api-key ***``), as everywhere in a report."""
+        args: list[str] = []
+        if self.sglang_path is not None:
+            args += ["--sglang-path", str(self.sglang_path)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        if self.model_path is not None:
+            args += ["--model-path", str(self.model_path)]
+            args += [f"--{key.replace('_', '-')}={value}" for key, value in self.server_flags.items()]
+            for pair in self.env_flags:
+                args += ["--env", pair]
+        if self.isolated:
+            args.append("--isolated")
+        if self.launch_command:
+            args += ["--", *self.launch_command]
+        return redact_argv(args)
 
 
-def run(request: CheckRequest, progress: Console | None = None) -> Report:
-    """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map."""
+def run(request: CheckRequest, progress: Progress | None = None) -> Report:
+    """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map.
+    ``progress`` (``npudoctor.progress``) is told each step: the start, the live import, each probe."""
     checks = select_checks(request.select)
     deploy = load_deployment(request)
     entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
@@ -54,29 +76,16 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
         raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
     fixes = _selected_fixes(request.with_fixes)
     target = discover(request.sglang_path)
+    require_ascend_backend(target)
     validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before any probe runs
     facts = deploy.facts
 
-    bar = _progress_bar(progress) if progress is not None else None
+    say = progress.step if progress is not None else (lambda _text: None)
     # the collector stays paused until the source is released: resumed with the ASTs still alive,
     # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
-    with collector_paused(), bar or contextlib.nullcontext():
-        task = bar.add_task("checking", total=len(checks)) if bar else None
-        titles = {c.id: c.title for c in all_checks()}
-
-        def live_step(step: str) -> None:
-            if bar is not None:
-                text = (
-                    f"live probes: importing sglang {target.version} on CPU ..."
-                    if step == "import"
-                    else f"live probe {step}: {titles.get(step, '')} ..."
-                )
-                bar.update(task, description=text)
-
-        def advance(check: Check, _result) -> None:
-            if bar is not None:
-                bar.update(task, advance=1, description=f"{check.id} done")
-
+    with collector_paused(), progress or contextlib.nullcontext():
+        say(f"checking sglang {target.version} ({len(checks)} check(s), depth {request.depth})")
+        live_step = live_steps(say, target)
         try:
             if fixes:
                 # the fixes are decided from the verdicts on the installed code, as `npudoctor fix`
@@ -85,14 +94,13 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
                 plain = evaluate(probed, target, facts, request.depth, on_step=live_step)
                 plan, refused = _fix_plan(fixes, target, plain.results)
                 if plan:
+                    say(f"live probes again, with the runtime fix(es) {', '.join(plan)}")
                     evaluation = evaluate(checks, target, facts, request.depth, fixes=plan, declined=refused,
-                                          on_step=live_step, on_done=advance)  # fmt: skip
+                                          on_step=live_step)  # fmt: skip
                 else:  # nothing to run with: the plain live run's probes are the answer
                     evaluation = reuse(plain, checks, target, facts, request.depth, declined=refused)
             else:
-                evaluation = evaluate(
-                    checks, target, facts, request.depth, on_step=live_step, on_done=advance
-                )
+                evaluation = evaluate(checks, target, facts, request.depth, on_step=live_step)
         finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
@@ -111,12 +119,17 @@ def run(request: CheckRequest, progress: Console | None = None) -> Report:
     )
 
 
-def _progress_bar(console: Console) -> Progress:
-    """The spinner of a run on a terminal; rich's progress is imported only then (a CI run with
-    ``--format json`` shows none and does not pay for it)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn
+def live_steps(say, target) -> Callable[[str], None]:
+    """The live child's steps (``import``, then each probe's check id) as progress text."""
+    titles = {c.id: c.title for c in all_checks()}
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True)
+    def step(name: str) -> None:
+        if name == "import":
+            say(f"live probes: importing sglang {target.version} on CPU")
+        else:
+            say(f"live probe {name}: {titles.get(name, '')}")
+
+    return step
 
 
 def _selected_fixes(ids: list[str]) -> list:
@@ -165,8 +178,9 @@ def select_checks(ids: list[str]) -> list[Check]:
 
 
 def load_deployment_from(config: Path | None) -> deployment.Deployment:
-    """The deployment of a YAML file, or none (every check assumes its worst case)."""
-    return deployment.from_yaml(config) if config is not None else deployment.no_deployment()
+    """The deployment of a YAML file with this process's environment under it, or none (every
+    check assumes its worst case): what an embedder (``npudoctor.fixes.apply``) describes."""
+    return load_deployment(CheckRequest(config=config))
 
 
 def load_deployment(request: CheckRequest) -> deployment.Deployment:
@@ -183,15 +197,18 @@ def load_deployment(request: CheckRequest) -> deployment.Deployment:
         raise InputError(f"give one deployment description, not {' and '.join(given)}")
     if (request.server_flags or request.env_flags) and request.model_path is None:
         raise InputError("--disaggregation-mode/--pp-size/--tp-size/--page-size/--env go with --model-path")
+    shell = {} if request.isolated else deployment.shell_env()
     if request.config is not None:
-        return deployment.from_yaml(request.config)
+        return deployment.from_yaml(request.config, shell)
     if request.launch_command:
         # sglang's own parser knows every flag of the installed release; it needs an import,
         # so only when the run may import sglang at all and the target is the installed one.
         may_import = request.depth != "static" and request.sglang_path is None
-        return deployment.from_command(request.launch_command, sglang_parser() if may_import else None)
+        parser = sglang_parser() if may_import else None
+        return deployment.from_command(request.launch_command, parser, shell)
     if request.model_path is not None:
-        return deployment.from_flags(request.model_path, request.server_flags, _env_pairs(request.env_flags))
+        env = _env_pairs(request.env_flags)
+        return deployment.from_flags(request.model_path, request.server_flags, env, shell)
     return deployment.no_deployment()
 
 

@@ -53,6 +53,17 @@ class Target:
         if tree is not None:
             tree.release()
 
+    @cached_property
+    def has_ascend_backend(self) -> bool:
+        """Whether this sglang can run on Ascend at all: it defines the Ascend attention backend,
+        ``AscendAttnBackend`` in an ``ascend_backend.py`` under ``sglang/srt`` (0.4.10:
+        ``layers/attention/``, 0.5.9+: ``hardware_backend/npu/attention/``; LoRA's file of that
+        name defines another class). Every check's NPU path hangs off it."""
+        return any(
+            b"class AscendAttnBackend" in path.read_bytes()
+            for path in (self.package_dir / "srt").rglob("ascend_backend.py")
+        )
+
     def info(self) -> TargetInfo:
         return TargetInfo(version=self.version, path=str(self.package_dir), source=self.source)
 
@@ -69,6 +80,16 @@ def discover(sglang_path: str | Path | None = None) -> Target:
     if sglang_path is not None:
         return _from_path(Path(sglang_path))
     return _installed()
+
+
+def require_ascend_backend(target: Target) -> None:
+    """``NoTargetError`` (exit 4, nothing to check) for an sglang without the Ascend NPU backend:
+    every check would only say that it cannot find the code it probes."""
+    if not target.has_ascend_backend:
+        raise NoTargetError(
+            f"sglang {target.version} at {target.package_dir} has no Ascend NPU backend "
+            "(no AscendAttnBackend under sglang/srt): nothing to check"
+        )
 
 
 def _installed() -> Target:

@@ -143,9 +143,16 @@ def exclusive(lock: Path):
 
 @pytest.fixture(scope="session", autouse=True)
 def session_static_cache(tmp_path_factory):
-    """The session's fixtures (shared live runs, built states) write no cache in the user's home."""
+    """The session's fixtures (shared live runs, built states) write no cache in the user's home,
+    and see no code-path variable of the shell the tests were started from: every deployment form
+    reads them (``deployment.shell_env``), and a developer's ``ASCEND_USE_FIA=1`` must not turn a
+    verdict the truths expect. A test that wants one sets it."""
+    from npudoctor.deployment import shell_env
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NPUDOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("npudoctor-cache")))
+        for name in shell_env():
+            patch.delenv(name)
         yield
 
 
@@ -313,6 +320,14 @@ def live_report(subject, shared_dir):
         return json.loads(output.read_text())
 
     return run
+
+
+PROGRESS_LINE = re.compile(r"npudoctor: \[\d+\.\d s\] ")
+
+
+def without_progress(err: str) -> str:
+    """stderr less the progress lines a run without a terminal writes (``npudoctor.progress``)."""
+    return "".join(line for line in err.splitlines(keepends=True) if not PROGRESS_LINE.match(line))
 
 
 def json_report(cli, *args: str) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -16,7 +17,7 @@ import pytest
 
 from npudoctor.fix import all_fixes
 
-from conftest import EXAMPLES, RELEASES, REPO, TRUTH, fixprobe, replace_text, truth_verdict
+from conftest import EXAMPLES, RELEASES, REPO, TRUTH, fixprobe, overlay_tree, replace_text, truth_verdict
 
 # The deployment each fix is proven on: one where its check's defect bites.
 SCENARIOS = {
@@ -184,26 +185,25 @@ def fresh_env(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_apply_reaches_sglang_plugin_loader_and_revert_leaves_site_packages_identical(fresh_env, release):
+def test_apply_records_beside_sglang_reaches_its_plugin_loader_and_revert_leaves_it_identical(
+    fresh_env, release, tmp_path
+):
     python, site = fresh_env
-    tree = release(buggy("NPD001")[-1])
-    before = _tree_hash(site)
-    npudoctor = [
-        python,
-        "-m",
-        "npudoctor",
-        "fix",
-        "--sglang-path",
-        str(tree),
-        "--config",
-        str(SCENARIOS["NPD001"]),
-    ]
+    wheel = release(buggy("NPD001")[-1])
+    # the image: an unpacked wheel (sglang/ and its dist-info) that the server imports by PYTHONPATH
+    tree = overlay_tree(wheel, tmp_path)
+    for dist_info in wheel.glob("sglang-*.dist-info"):
+        shutil.copytree(dist_info, tree / dist_info.name)
+    before, site_before = _tree_hash(tree), _tree_hash(site)
+    target = ["--sglang-path", str(tree)]
+    npudoctor = [python, "-m", "npudoctor", "fix", *target, "--config", str(SCENARIOS["NPD001"])]
     applied = subprocess.run([*npudoctor, "--apply"], capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr
     assert "loads the plugin 'npudoctor'" in applied.stdout
-    assert _tree_hash(site) != before
+    assert (tree / "npudoctor_fixes_activation-1.dist-info").is_dir()  # where sglang is imported from
+    assert _tree_hash(site) == site_before  # not this interpreter's site-packages, where no sglang is
     again = subprocess.run([*npudoctor, "--apply"], capture_output=True, text=True)  # idempotent
-    assert again.returncode == 0 and len(list(site.glob("npudoctor_fixes_activation-*"))) == 1
+    assert again.returncode == 0 and len(list(tree.glob("npudoctor_fixes_activation-*"))) == 1
 
     env = {**os.environ, "PYTHONPATH": str(tree)}
     probe = subprocess.run(
@@ -214,13 +214,11 @@ def test_apply_reaches_sglang_plugin_loader_and_revert_leaves_site_packages_iden
     result = json.loads(probe.stdout.strip().splitlines()[-1])
     assert result["status"] == "pass" and result["fixes"] == {"NPD001": "applied"}, result
 
-    status = subprocess.run(
-        [*npudoctor[:3], "fix", "--status", "--sglang-path", str(tree)], capture_output=True, text=True
-    )
-    assert "NPD001  in place" in status.stdout, status.stdout + status.stderr
-    reverted = subprocess.run([*npudoctor[:3], "fix", "--revert"], capture_output=True, text=True)
+    status = subprocess.run([*npudoctor, "--status"], capture_output=True, text=True)
+    assert status.returncode == 0 and "NPD001  in place" in status.stdout, status.stdout + status.stderr
+    reverted = subprocess.run([*npudoctor[:3], "fix", "--revert", *target], capture_output=True, text=True)
     assert reverted.returncode == 0, reverted.stderr
-    assert _tree_hash(site) == before
+    assert _tree_hash(tree) == before
 
 
 def test_an_unknown_shape_is_refused_with_the_sites_that_differ(cli, release, overlay):

@@ -21,7 +21,7 @@ from npudoctor import registration
 from npudoctor.check import all_checks
 from npudoctor.fixing import BOOTSTRAP_DIR
 
-from conftest import EXAMPLES, json_report, replace_text, result_of, sweep
+from conftest import EXAMPLES, json_report, replace_text, result_of, sweep, without_progress
 
 NPU = "sglang/srt/hardware_backend/npu"
 MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
@@ -33,7 +33,7 @@ QWEN_CP = EXAMPLES / "qwen3-cp-prefill.yaml"
 
 def one_error_line(err: str) -> str:
     assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
+    lines = without_progress(err).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("npudoctor: error:"), err
     return lines[0]
 

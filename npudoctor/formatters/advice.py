@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import xml.etree.ElementTree as ET
 
 from rich import box
@@ -122,7 +123,7 @@ def recommendation_lines(advice: Advice) -> list[str]:
             lines.append(
                 f"until you move{where}: npudoctor fix --apply --select {','.join(applies)}"
                 + (" --unsafe" if unsafe else "")
-                + (f" --config {advice.config}" if advice.config else "")
+                + "".join(f" {shlex.quote(arg)}" for arg in advice.fix_args)
             )
         if uncured:
             lines.append(f"no runtime fix applies to {', '.join(uncured)} on {rec.baseline}")

@@ -85,11 +85,15 @@ def _header(report: Report) -> list[RenderableType]:
         f" {target.version or 'unknown version'}",
         f"  depth {report.depth}",
     )
-    return [
+    lines = [
         Para(first),
         Labelled(Text("sglang:", style="dim"), target.path),
         Labelled(Text("deployment:", style="dim"), _deployment(report.deployment)),
     ]
+    from_shell = report.deployment.get("env_from_shell") or []
+    if from_shell:  # the deployment's environment starts from the shell's (deployment.shell_env)
+        lines.append(Para(Text.assemble(("env from the shell:", "dim"), " " + ", ".join(from_shell))))
+    return lines
 
 
 def _deployment(deployment: dict) -> str:
