@@ -21,7 +21,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 import npudoctor  # its __version__ is looked up on use: --help, list and explain never need it
 from npudoctor.errors import ExitCode, InputError, NoTargetError, NpudoctorError
@@ -842,16 +841,15 @@ def env_command(
     if output_format is DataFormat.json:
         _write(json.dumps(data, indent=2) + "\n")
         return
-    table = Table(show_header=False, box=None)
-    for key, value in data.items():
-        if key != "environment":
-            table.add_row(f"[bold]{key}[/]", escape(str(value)))
     console = _console()
-    console.print(table)
+    width = max(len(key) for key in data)
+    for key, value in data.items():
+        if key != "environment":  # one line each, never folded: a long interpreter path stays whole
+            console.print(f"[bold]{key:<{width}}[/]  {escape(str(value))}", soft_wrap=True)
     if data["environment"]:
         console.print("[bold]environment[/]")
         for key, value in data["environment"].items():
-            console.print(f"  {key}={escape(value)}")
+            console.print(f"  {key}={escape(value)}", soft_wrap=True)
 
 
 @app.callback(invoke_without_command=True)

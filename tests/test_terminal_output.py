@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from npudoctor.check import all_checks
 from npudoctor.fix import all_fixes
 
-from conftest import EXAMPLES, json_report
+from conftest import EXAMPLES, fetch_sglang, json_report
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 WIDTHS = (80, 200)
@@ -30,7 +31,7 @@ def run_at(cli, monkeypatch, width: int, *args) -> tuple[int, list[str]]:
 
 def is_command(line: str) -> bool:
     """A command to copy: the one kind of line allowed past the width (never wrapped)."""
-    return line.strip().startswith(("fix: npudoctor fix ", "npudoctor fix "))
+    return "npudoctor fix " in line
 
 
 def over_width(lines: list[str], width: int, also=lambda line: False) -> list[str]:
@@ -258,3 +259,48 @@ def test_a_pass_with_a_note_shows_the_note(cli, release, monkeypatch):
     assert "sglang/srt/hardware_backend/npu/memory_pool_npu.py:299" in block
     assert lines[-2].startswith("live depth: sglang imported in ")
     assert over_width(lines, 80) == []
+
+
+# -- every command: a path or URL the wide rendering shows is whole in the narrow one --------------
+
+PATH_OR_URL = re.compile(
+    r"https?://[^\s)]+|(?:\.{0,2}/)?[\w.\-]+(?:/[\w.\-]+)+\.(?:py|yaml|json)(?::\d+)?|/[\w.\-]+(?:/[\w.\-]+)+"
+)
+
+
+COMMANDS = {
+    "check": "check --sglang-path {old} --config {deployment}",
+    "check --verbose": "check --verbose --sglang-path {old} --config {deployment}",
+    "fix": "fix --depth static --sglang-path {old} --config {deployment}",
+    "fix --apply": "fix --apply --depth static --site {site} --sglang-path {old} --config {deployment}",
+    # recorded for 0.5.12 first, asked on 0.5.13: the record no longer fits (exit 1), the next command
+    "fix --status": "fix --status --depth static --site {site} --sglang-path {new} --config {deployment}",
+    "list": "list",
+    "explain": "explain NPD003 --full",
+    "env": "env",
+    "advise": "advise --wheel-dir {wheels} --config {deployment}",
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_keeps_each_path_and_url_whole_at_80_columns(
+    cli, release, monkeypatch, tmp_path, command
+):
+    paths = {"old": release("0.5.12"), "new": release("0.5.13"), "deployment": DEEPSEEK_PD}
+    paths.update(site=tmp_path / "site", wheels=tmp_path / "wheels")
+    paths["site"].mkdir()
+    paths["wheels"].mkdir()
+    for version in ("0.5.12", "0.5.13"):  # advise offline: the wheels, unpacked already in the release cache
+        wheel = fetch_sglang._releases.find_wheel(fetch_sglang.cache_dir() / "wheels", version)
+        os.link(wheel, paths["wheels"] / wheel.name)
+    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
+    if command == "fix --status":
+        assert cli(*COMMANDS["fix --apply"].format(**paths).split())[0] == 0
+    argv = COMMANDS[command].format(**paths).split()
+    wide = run_at(cli, monkeypatch, 200, *argv)[1]
+    narrow = run_at(cli, monkeypatch, 80, *argv)[1]
+    tokens = {match.group(0).rstrip(".,;:") for line in wide for match in PATH_OR_URL.finditer(line)}
+    assert tokens, "the wide rendering names no path or URL: nothing is tested"
+    text = "\n".join(narrow)
+    assert [token for token in sorted(tokens) if token not in text] == []
+    assert over_width(narrow, 80, also=lambda line: any(t in line and len(t) > 40 for t in tokens)) == []

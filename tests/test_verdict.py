@@ -153,10 +153,12 @@ def test_check_fix_and_run_agree(state, config, cli, subject):
             assert entry["reason"] == f"{fix_id} {result['status']}: {result['summary']}"
         if result["status"] == "fail":
             assert "could not confirm" not in entry["reason"]
-    # `run` plans with the installed sglang: the tree goes on PYTHONPATH, as in an image
+    # `run` plans with the installed sglang: the tree goes on PYTHONPATH, as in an image; --verbose
+    # says every fix's decision
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-m", "npudoctor", "run", "--depth", "static", *given, "--", sys.executable, "-c", "pass"],
+        [sys.executable, "-m", "npudoctor", "run", "--depth", "static", "--verbose", *given, "--", sys.executable,
+         "-c", "pass"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
