@@ -15,7 +15,7 @@ import pytest
 from npudoctor.check import all_checks
 from npudoctor.fix import all_fixes
 
-from conftest import EXAMPLES, fetch_sglang, json_report
+from conftest import EXAMPLES, fetch_sglang, json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 WIDTHS = (80, 200)
@@ -304,3 +304,20 @@ def test_every_command_keeps_each_path_and_url_whole_at_80_columns(
     text = "\n".join(narrow)
     assert [token for token in sorted(tokens) if token not in text] == []
     assert over_width(narrow, 80, also=lambda line: any(t in line and len(t) > 40 for t in tokens)) == []
+
+
+def test_compact_report_shows_the_first_evidence_and_says_how_much_more_verbose_shows(
+    cli, release, monkeypatch
+):
+    tree = release("0.5.13")  # NPD005 fails there with one piece of evidence per override (known.yaml)
+    report = json_report(cli, "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    evidence = result_of(report, "NPD005")["evidence"]
+    assert len(evidence) > 2
+    located = [f"{e['location']['path']}:{e['location']['line']}" for e in evidence if e["location"]]
+    text = "\n".join(run_at(cli, monkeypatch, 80, "check", "--sglang-path", tree, "--config", DEEPSEEK_PD)[1])
+    assert f"(and {len(evidence) - 2} more: --verbose shows every piece of evidence)" in text
+    assert located[0] in text and located[-1] not in text
+    verbose = "\n".join(
+        run_at(cli, monkeypatch, 80, "check", "-v", "--sglang-path", tree, "--config", DEEPSEEK_PD)[1]
+    )
+    assert all(location in verbose for location in located) and "more: --verbose" not in verbose

@@ -143,6 +143,11 @@ def _has_details(result: Result) -> bool:
     )
 
 
+# The compact report's evidence per result: the first pieces are the direct ones (a live observation
+# comes first); --verbose shows them all.
+EVIDENCE_SHOWN = 2
+
+
 def _details(result: Result, fix_args: list[str], verbose: bool) -> list[RenderableType]:
     heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
     parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
@@ -151,8 +156,13 @@ def _details(result: Result, fix_args: list[str], verbose: bool) -> list[Rendera
     for note in result.assumptions:
         parts.append(Para(note, indent=INDENT, lead=Text("note: ", style="dim")))
     if verbose or result.status not in (Status.PASS, Status.SKIP) or result.ignored is not None:
-        for evidence in result.evidence:
+        shown = result.evidence if verbose else result.evidence[:EVIDENCE_SHOWN]
+        for evidence in shown:
             parts.extend(_evidence(evidence))
+        if len(result.evidence) > len(shown):
+            more = len(result.evidence) - len(shown)
+            parts.append(Para(Text(f"(and {more} more: --verbose shows every piece of evidence)", style="dim"),
+                              indent=INDENT))  # fmt: skip
     if result.ignored is not None:
         parts.append(
             Para(result.ignored or "(no reason given)", indent=INDENT, lead=Text("ignored: ", "dim"))
@@ -166,7 +176,7 @@ def _details(result: Result, fix_args: list[str], verbose: bool) -> list[Rendera
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
         elif fix.unfixed_as_of:
             parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
-        if fix.advice:
+        if fix.advice and (verbose or not fix.fix_id):  # the fix: line and release say it in short
             parts.append(Para(fix.advice, indent=INDENT))
     return parts
 
