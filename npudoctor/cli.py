@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
+import inspect
 import io
 import os
 import shlex
@@ -168,35 +170,75 @@ def _ids(values: list[str] | None) -> list[str]:
     return [s for item in (values or []) for s in item.split(",") if s]
 
 
-def _check_request(ctx, *, config, model_path, role, pp_size, tp_size, page_size, env, isolated, depth,
-                   select=None, fail_on=FailOn.fail, ignore=None):  # fmt: skip
-    """The ``CheckRequest`` of the deployment options, a launch command after ``--`` included."""
+# The deployment options, in the order --help lists them: (parameter, its typer annotation, default).
+_DEPLOYMENT_OPTIONS = (
+    ("config", ConfigOption, None),
+    ("model_path", ModelPathOption, None),
+    ("role", RoleOption, None),
+    ("pp_size", PpSizeOption, None),
+    ("tp_size", TpSizeOption, None),
+    ("page_size", PageSizeOption, None),
+    ("env", EnvOption, None),
+    ("isolated", IsolatedOption, False),
+)
+
+
+def takes_deployment(command: Callable) -> Callable:
+    """Give ``command`` (check, fix, run, advise) the deployment options, right after its context.
+
+    typer has no option groups: it reads a command's options from its signature, so the options are
+    added to the signature here, and the command receives their values as one mapping, its
+    ``deployment`` parameter, for ``_check_request``."""
+    signature = inspect.signature(command, eval_str=True)
+    context, *own = (p for p in signature.parameters.values() if p.name != "deployment")
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    added = [
+        inspect.Parameter(name, kind, default=default, annotation=option)
+        for name, option, default in _DEPLOYMENT_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def with_deployment(*args, **kwargs):
+        deployment = {name: kwargs.pop(name) for name, _, _ in _DEPLOYMENT_OPTIONS}
+        return command(*args, deployment=deployment, **kwargs)
+
+    with_deployment.__signature__ = signature.replace(parameters=[context, *added, *own])
+    with_deployment.__annotations__ = {
+        p.name: p.annotation for p in with_deployment.__signature__.parameters.values()
+    }
+    return with_deployment
+
+
+def _check_request(ctx, deployment: dict, depth: Depth, select=None, fail_on=FailOn.fail, ignore=None):
+    """The ``CheckRequest`` of the deployment options (``takes_deployment``), a launch command after
+    ``--`` included."""
     from npudoctor.runner import CheckRequest
 
     if ctx.args and ctx.args[0].startswith("-"):
         raise InputError(f"unknown option {ctx.args[0]!r} (a launch command goes after '--')")
+    role = deployment["role"]
     flags = {
         key: value
         for key, value in (
             ("disaggregation_mode", role.value if role else None),
-            ("pp_size", pp_size),
-            ("tp_size", tp_size),
-            ("page_size", page_size),
+            ("pp_size", deployment["pp_size"]),
+            ("tp_size", deployment["tp_size"]),
+            ("page_size", deployment["page_size"]),
         )
         if value is not None
     }
     return CheckRequest(
-        config=config,
+        config=deployment["config"],
         launch_command=list(ctx.args),
-        model_path=model_path,
+        model_path=deployment["model_path"],
         server_flags=flags,
-        env_flags=list(env or []),
+        env_flags=list(deployment["env"] or []),
         depth=depth.value,
         select=_ids(select),
         fail_on=fail_on.value,
         ignore=list(ignore or []),
         today=dt.date.today(),
-        isolated=isolated,
+        isolated=deployment["isolated"],
     )
 
 
@@ -204,16 +246,10 @@ def _check_request(ctx, *, config, model_path, role, pp_size, tp_size, page_size
     context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
     epilog=DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP,
 )
+@takes_deployment
 def check(
     ctx: typer.Context,
-    config: ConfigOption = None,
-    model_path: ModelPathOption = None,
-    role: RoleOption = None,
-    pp_size: PpSizeOption = None,
-    tp_size: TpSizeOption = None,
-    page_size: PageSizeOption = None,
-    env: EnvOption = None,
-    isolated: IsolatedOption = False,
+    deployment: dict,
     sglang_path: SglangPathOption = None,
     depth: Annotated[
         Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
@@ -242,9 +278,7 @@ def check(
     from npudoctor.runner import run
 
     _require_destination(output, github=output_format is Format.github)
-    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
-                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
-                             select=select, fail_on=fail_on, ignore=ignore)  # fmt: skip
+    request = _check_request(ctx, deployment, depth, select=select, fail_on=fail_on, ignore=ignore)
     request.sglang_path = sglang_path
     request.with_fixes = _ids(with_fix)
     report = run(request, progress=Progress.for_stderr(quiet))
@@ -369,16 +403,10 @@ class AdviseFormat(str, Enum):
         "checked (or no sglang to start from)."
     ),
 )
+@takes_deployment
 def advise(
     ctx: typer.Context,
-    config: ConfigOption = None,
-    model_path: ModelPathOption = None,
-    role: RoleOption = None,
-    pp_size: PpSizeOption = None,
-    tp_size: TpSizeOption = None,
-    page_size: PageSizeOption = None,
-    env: EnvOption = None,
-    isolated: IsolatedOption = False,
+    deployment: dict,
     releases: Annotated[
         str | None,
         typer.Option("--releases", "-r", metavar="A..B", help="Releases to check: A..B, A.., A,B,C or A."),
@@ -424,21 +452,7 @@ def advise(
 
     _require_destination(output, github=output_format is AdviseFormat.github)
     request = AdviseRequest(
-        check=_check_request(
-            ctx,
-            config=config,
-            model_path=model_path,
-            role=role,
-            pp_size=pp_size,
-            tp_size=tp_size,
-            page_size=page_size,
-            env=env,
-            isolated=isolated,
-            depth=depth,
-            select=select,
-            fail_on=fail_on,
-            ignore=ignore,
-        ),  # fmt: skip
+        check=_check_request(ctx, deployment, depth, select=select, fail_on=fail_on, ignore=ignore),
         releases=releases,
         wheel_dir=wheel_dir,
         sglang_paths=list(sglang_path or []),
@@ -490,8 +504,10 @@ def _write(text: str, output: Path | None = None) -> None:
         "found, or it has no Ascend NPU backend."
     ),
 )
+@takes_deployment
 def fix(
     ctx: typer.Context,
+    deployment: dict,
     apply: Annotated[
         bool, typer.Option("--apply", help="Record the fixes so every sglang process applies them at start.")
     ] = False,
@@ -501,14 +517,6 @@ def fix(
     ] = False,
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
-    config: ConfigOption = None,
-    model_path: ModelPathOption = None,
-    role: RoleOption = None,
-    pp_size: PpSizeOption = None,
-    tp_size: TpSizeOption = None,
-    page_size: PageSizeOption = None,
-    env: EnvOption = None,
-    isolated: IsolatedOption = False,
     sglang_path: SglangPathOption = None,
     site: Annotated[
         Path | None,
@@ -533,9 +541,7 @@ def fix(
         raise InputError("give at most one of --apply, --revert, --status")
     _require_stdout()
     as_json = output_format is DataFormat.json
-    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
-                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
-                             select=select)  # fmt: skip
+    request = _check_request(ctx, deployment, depth, select=select)
     request.sglang_path = sglang_path
     if revert:
         _fix_revert(site, sglang_path, as_json)
@@ -738,18 +744,12 @@ def _fix_output(as_json: bool, data: dict, text: str) -> None:
         "2 for bad npudoctor options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
     ),
 )
+@takes_deployment
 def run(
     ctx: typer.Context,
+    deployment: dict,
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
-    config: ConfigOption = None,
-    model_path: ModelPathOption = None,
-    role: RoleOption = None,
-    pp_size: PpSizeOption = None,
-    tp_size: TpSizeOption = None,
-    page_size: PageSizeOption = None,
-    env: EnvOption = None,
-    isolated: IsolatedOption = False,
     depth: PlanDepth = Depth.auto,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Every fix's decision, on stderr.")
@@ -771,10 +771,8 @@ def run(
             "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
         )
     fixing.resolve_command(command[0])  # 127/126 before any planning
-    request = _check_request(ctx, config=config, model_path=model_path, role=role, pp_size=pp_size,
-                             tp_size=tp_size, page_size=page_size, env=env, isolated=isolated, depth=depth,
-                             select=select)  # fmt: skip
-    if config is not None or model_path is not None:
+    request = _check_request(ctx, deployment, depth, select=select)
+    if request.config is not None or request.model_path is not None:
         request.launch_command = []  # the deployment is described; the command is only run
     try:
         deploy = load_deployment(request)
