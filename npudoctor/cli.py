@@ -551,10 +551,15 @@ def fix(
     deploy = load_deployment(request)
     if apply:
         registration.require_writable(site, target)  # before the plan's live run
+    recorded = registration.read(site, target) if status else None
+    if status and recorded is None:  # nothing to compare: no plan to make
+        where = registration.site_dir(site, target)
+        _fix_output(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
+        return
     planned = _plan(request, target, deploy.facts, unsafe, quiet)
     site_args = ["--site", str(site)] if site is not None else []
     if status:
-        _fix_status(target, site, as_json, planned, request.repeated_args() + site_args)
+        _fix_status(target, site, as_json, recorded, planned, request.repeated_args() + site_args)
     elif apply:
         undo = (["--sglang-path", str(sglang_path)] if sglang_path is not None else []) + site_args
         _fix_apply(target, planned, site, as_json, request.repeated_args() + site_args, undo)
@@ -604,17 +609,15 @@ def _fix_revert(site: Path | None, sglang_path: Path | None, as_json: bool) -> N
                 f"{registration.site_dir(site, target)}")  # fmt: skip
 
 
-def _fix_status(target, site: Path | None, as_json: bool, planned, fix_args: list[str]) -> None:
-    """``fix --status``: what is recorded, whether it still fits the installed sglang, whether the
-    deployment still needs it and needs nothing more (the decisions ``fix`` makes now); exit 1 with
-    the next command when the record no longer fits."""
+def _fix_status(
+    target, site: Path | None, as_json: bool, document: dict, planned, fix_args: list[str]
+) -> None:
+    """``fix --status``: what ``document`` records, whether it still fits the installed sglang,
+    whether the deployment still needs it and needs nothing more (the decisions ``fix`` makes now);
+    exit 1 with the next command when the record no longer fits."""
     from npudoctor import fixing, registration
 
-    document = registration.read(site, target)
     where = registration.site_dir(site, target)
-    if document is None:
-        _fix_output(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
-        return
     rows = fixing.status(document, target, planned)
     fits = all(row.fits for row in rows)
     needed = [p.fix.id for p in planned if p.decision.action is fixing.Action.APPLY]

@@ -19,10 +19,9 @@ from typing import TextIO
 
 
 class Progress:
-    """Steps of one run. ``Progress.quiet()`` says nothing (``--quiet``)."""
+    """Steps of one run on stderr; with ``enabled`` False (``--quiet``) it says nothing."""
 
-    def __init__(self, terminal: bool, stream: TextIO | None = None, enabled: bool = True):
-        self._stream = stream
+    def __init__(self, terminal: bool, enabled: bool = True):
         self._terminal = terminal
         self._enabled = enabled
         self._started = time.perf_counter()
@@ -34,10 +33,6 @@ class Progress:
         """The progress of a command: a spinner when stderr is a terminal, else plain lines."""
         return cls(terminal=_is_terminal(sys.stderr), enabled=not quiet)
 
-    @classmethod
-    def quiet(cls) -> Progress:
-        return cls(terminal=False, enabled=False)
-
     def __enter__(self) -> Progress:
         self._started = time.perf_counter()
         if self._enabled and self._terminal:
@@ -45,7 +40,7 @@ class Progress:
             from rich.progress import Progress as Bar
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            console = Console(file=self._stream or sys.stderr, highlight=False)
+            console = Console(file=sys.stderr, highlight=False)
             self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                             console=console, transient=True)  # fmt: skip
             self._bar.__enter__()
@@ -64,10 +59,9 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, description=text)
             return
-        stream = self._stream or sys.stderr
         try:
-            stream.write(f"npudoctor: [{time.perf_counter() - self._started:.1f} s] {text}\n")
-            stream.flush()
+            sys.stderr.write(f"npudoctor: [{time.perf_counter() - self._started:.1f} s] {text}\n")
+            sys.stderr.flush()
         except (OSError, ValueError):  # stderr closed: the run goes on without its progress
             self._enabled = False
 

@@ -1,7 +1,7 @@
 """``npudoctor fix --apply``: record the enabled fixes where every sglang process finds them.
 
 The record is one small distribution, ``npudoctor-fixes-activation``, written into a
-directory on the path of the interpreter that runs sglang (``record_dir``: by default the
+directory on the path of the interpreter that runs sglang (``site_dir``: by default the
 directory sglang is imported from): a ``.dist-info`` with ``METADATA``, a ``RECORD`` (so ``pip
 uninstall npudoctor-fixes-activation`` also removes it), the plan (``npudoctor-fixes.json``)
 and an ``entry_points.txt`` that registers ``npudoctor.activation:sglang_plugin`` in
