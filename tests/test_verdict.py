@@ -118,7 +118,18 @@ def test_fix_plans_and_with_fix_cures_the_live_only_failure(cli, release):
 
 @pytest.mark.slow
 def test_run_applies_the_fix_for_the_live_only_failure(release):
-    run = (sys.executable, "-m", "npudoctor", "run", "--config", str(MHA_PD), "--select", "NPD001", "--")
+    run = (
+        sys.executable,
+        "-m",
+        "npudoctor",
+        "run",
+        "--verbose",
+        "--config",
+        str(MHA_PD),
+        "--select",
+        "NPD001",
+        "--",
+    )
     result = fixprobe(release("0.5.12"), "spawn", "NPD001", MHA_PD, prefix=run)
     assert result["status"] == "pass" and result["fixes"] == {"NPD001": "applied"}, result
     assert "NPD001: apply: NPD001 fails here" in result["stderr"]
