@@ -3,7 +3,7 @@
 ``checks/`` and ``fixes/`` sit at the repository's top level and install as ``npudoctor.checks``
 and ``npudoctor.fixes``; every folder of ``checks/`` (one per check) is a subpackage of
 ``npudoctor.checks``, found here, so adding a check is adding a folder and nothing else.
-``npudoctor.bootstrap`` holds the ``sitecustomize.py`` of ``npudoctor run`` (put on PYTHONPATH,
+``npudoctor.patching.bootstrap`` holds the ``sitecustomize.py`` of ``npudoctor run`` (put on PYTHONPATH,
 never imported); ``npudoctor/data/server_args.json`` the ServerArgs history of every release.
 """
 
@@ -12,9 +12,8 @@ from setuptools import find_packages, setup
 setup(
     package_dir={"npudoctor": "npudoctor", "npudoctor.checks": "checks", "npudoctor.fixes": "fixes"},
     packages=[
-        "npudoctor",
-        "npudoctor.formatters",
-        "npudoctor.bootstrap",
+        *find_packages(include=["npudoctor", "npudoctor.*"]),  # the engine's packages
+        "npudoctor.patching.bootstrap",
         "npudoctor.fixes",
         "npudoctor.checks",
         *(f"npudoctor.checks.{name}" for name in find_packages(where="checks")),

@@ -32,11 +32,11 @@ from fetch_sglang import fetch  # noqa: E402
 
 
 def startup(runs: int) -> tuple[float, float]:
-    from npudoctor.fixing import BOOTSTRAP_DIR
+    from npudoctor.patching.planning import BOOTSTRAP_DIR
 
     with tempfile.TemporaryDirectory() as workdir:
         plan = Path(workdir) / "plan.json"
-        from npudoctor.fix import all_fixes
+        from npudoctor.patching.fixbase import all_fixes
 
         plan.write_text(
             json.dumps({"fixes": {f.id: {"shape": next(iter(f.written_for.values()))} for f in all_fixes()}})
@@ -60,11 +60,11 @@ def startup(runs: int) -> tuple[float, float]:
 PRELUDE = r"""
 import json, statistics, sys, time
 import torch
-from npudoctor import livepools
-from npudoctor.activation import _wrapper_of
-from npudoctor.deployment import from_yaml
-from npudoctor.facts import RoleFacts
-from npudoctor.npusim import npu_runtime, simulated_npu
+from npudoctor.live import livepools
+from npudoctor.patching.activation import _wrapper_of
+from npudoctor.deployment.load import from_yaml
+from npudoctor.deployment.facts import RoleFacts
+from npudoctor.live.npusim import npu_runtime, simulated_npu
 from pathlib import Path
 
 repeat = int(sys.argv[1])

@@ -32,8 +32,8 @@ from fetch_sglang import fetch  # noqa: E402
 
 BARE_IMPORT = """
 import resource, sys, time
-from npudoctor.check import all_checks
-from npudoctor.npusim import simulated_npu
+from npudoctor.engine.check import all_checks
+from npudoctor.live.npusim import simulated_npu
 with simulated_npu():
     for check in all_checks():
         if check.has_live:

@@ -1,1 +1,1 @@
-"""Checks, one module per known defect; discovered by ``npudoctor.check.all_checks``."""
+"""Checks, one module per known defect; discovered by ``npudoctor.engine.check.all_checks``."""

@@ -25,32 +25,33 @@ def apply(
     unsafe: bool = False,
     depth: str = "auto",
 ):
-    """Apply the fixes the installed sglang needs; returns one ``npudoctor.fixing.Decision`` per fix.
+    """Apply the fixes the installed sglang needs; returns one ``npudoctor.patching.planning.Decision`` per fix.
 
     ``depth`` is the depth the checks decide at, as in ``npudoctor check`` (``auto``: the live
     probes run in a child interpreter where sglang imports)."""
-    from npudoctor import activation, fixing
-    from npudoctor.plan import plan_of
-    from npudoctor.runner import load_deployment_from
-    from npudoctor.serverargs import validate_arguments
-    from npudoctor.target import discover
+    from npudoctor.patching import activation
+    from npudoctor.patching import planning
+    from npudoctor.patching.planfile import plan_of
+    from npudoctor.engine.runner import load_deployment_from
+    from npudoctor.deployment.serverargs import validate_arguments
+    from npudoctor.target.discovery import discover
 
     target = discover()
     deploy = load_deployment_from(Path(config) if config is not None else None)
     validate_arguments(deploy.facts, target)  # a name no sglang knows: InputError, nothing applied
-    planned = fixing.plan(
-        fixing.select_fixes(list(fix_ids or [])),
+    planned = planning.plan(
+        planning.select_fixes(list(fix_ids or [])),
         target,
         deploy.facts,
         unsafe,
         depth,
     )
-    activation.enable(plan_of(fixing.record_document(planned, target)))
+    activation.enable(plan_of(planning.record_document(planned, target)))
     return [p.decision for p in planned]
 
 
 def revert(fix_ids: list[str] | None = None) -> list[str]:
     """Take out the fixes installed in this process (all by default); returns their ids."""
-    from npudoctor import activation
+    from npudoctor.patching import activation
 
     return activation.revert(fix_ids)

@@ -35,8 +35,8 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from npudoctor.fix import Fix, Safety
-from npudoctor.source import FunctionNode
+from npudoctor.patching.fixbase import Fix, Safety
+from npudoctor.static.source import FunctionNode
 
 POOLS = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 _BUFFERS = ("k_buffer", "v_buffer", "index_k_buffer")

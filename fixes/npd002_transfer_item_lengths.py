@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npudoctor.fix import Fix, Safety
+from npudoctor.patching.fixbase import Fix, Safety
 
 POOLS = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 

@@ -96,7 +96,7 @@ import ast
 import sys
 from typing import Any
 
-from npudoctor.fix import Fix, Safety
+from npudoctor.patching.fixbase import Fix, Safety
 
 CONN = "sglang.srt.disaggregation.ascend.conn"
 RUNTIME = "sglang.srt.runtime_context"

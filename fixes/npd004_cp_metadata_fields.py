@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npudoctor.fix import Fix, Safety
+from npudoctor.patching.fixbase import Fix, Safety
 
 BACKEND = "sglang.srt.hardware_backend.npu.attention.ascend_backend"
 CP_UTILS = "sglang.srt.layers.utils.cp_utils"

@@ -44,9 +44,9 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from npudoctor.fix import Fix, FunctionNode, Safety, calls_original
-from npudoctor.pools import OFFLOAD_METHODS
-from npudoctor.signatures import CallShape, bind_errors
+from npudoctor.patching.fixbase import Fix, FunctionNode, Safety, calls_original
+from npudoctor.static.poolclasses import OFFLOAD_METHODS
+from npudoctor.static.signatures import CallShape, bind_errors
 
 POOLS = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 ALLOCATOR = "sglang.srt.hardware_backend.npu.allocator_npu"

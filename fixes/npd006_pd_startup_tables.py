@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npudoctor.fix import Fix, Safety
+from npudoctor.patching.fixbase import Fix, Safety
 
 POOLS = "sglang.srt.hardware_backend.npu.memory_pool_npu"
 UTILS = "sglang.srt.disaggregation.utils"

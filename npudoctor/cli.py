@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 import npudoctor  # its __version__ is looked up on use: --help, list and explain never need it
-from npudoctor.errors import ExitCode, InputError, NoTargetError, NpudoctorError
+from npudoctor.engine.errors import ExitCode, InputError, NoTargetError, NpudoctorError
 
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
@@ -212,7 +212,7 @@ def takes_deployment(command: Callable) -> Callable:
 def _check_request(ctx, deployment: dict, depth: Depth, select=None, fail_on=FailOn.fail, ignore=None):
     """The ``CheckRequest`` of the deployment options (``takes_deployment``), a launch command after
     ``--`` included."""
-    from npudoctor.runner import CheckRequest
+    from npudoctor.engine.runner import CheckRequest
 
     if ctx.args and ctx.args[0].startswith("-"):
         raise InputError(f"unknown option {ctx.args[0]!r} (a launch command goes after '--')")
@@ -274,8 +274,8 @@ def check(
     quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
-    from npudoctor.progress import Progress
-    from npudoctor.runner import run
+    from npudoctor.engine.progress import Progress
+    from npudoctor.engine.runner import run
 
     _require_destination(output, github=output_format is Format.github)
     request = _check_request(ctx, deployment, depth, select=select, fail_on=fail_on, ignore=ignore)
@@ -446,8 +446,8 @@ def advise(
     quiet: QuietOption = False,
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
-    from npudoctor.advise import AdviseRequest, exit_status
-    from npudoctor.advise import advise as run_advise
+    from npudoctor.engine.advise import AdviseRequest, exit_status
+    from npudoctor.engine.advise import advise as run_advise
     from npudoctor.formatters import advice as advice_format
 
     _require_destination(output, github=output_format is AdviseFormat.github)
@@ -533,9 +533,9 @@ def fix(
     quiet: QuietOption = False,
 ) -> None:
     """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
-    from npudoctor import registration
-    from npudoctor.runner import load_deployment
-    from npudoctor.target import discover, require_ascend_backend
+    from npudoctor.patching import records
+    from npudoctor.engine.runner import load_deployment
+    from npudoctor.target.discovery import discover, require_ascend_backend
 
     if sum((apply, revert, status)) > 1:
         raise InputError("give at most one of --apply, --revert, --status")
@@ -550,10 +550,10 @@ def fix(
     require_ascend_backend(target)
     deploy = load_deployment(request)
     if apply:
-        registration.require_writable(site, target)  # before the plan's live run
-    recorded = registration.read(site, target) if status else None
+        records.require_writable(site, target)  # before the plan's live run
+    recorded = records.read(site, target) if status else None
     if status and recorded is None:  # nothing to compare: no plan to make
-        where = registration.site_dir(site, target)
+        where = records.site_dir(site, target)
         _fix_output(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
         return
     planned = _plan(request, target, deploy.facts, unsafe, quiet)
@@ -576,26 +576,26 @@ def _select_args(ids: list[str], unsafe: bool) -> list[str]:
 
 def _plan(request, target, facts, unsafe: bool, quiet: bool):
     """``fixing.plan`` of the request's fixes (all of them without --select), with progress."""
-    from npudoctor import fixing
-    from npudoctor.progress import Progress
-    from npudoctor.runner import live_steps
-    from npudoctor.serverargs import validate_arguments
+    from npudoctor.patching import planning
+    from npudoctor.engine.progress import Progress
+    from npudoctor.engine.runner import live_steps
+    from npudoctor.deployment.serverargs import validate_arguments
 
     validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
-    fixes = fixing.select_fixes(request.select)
+    fixes = planning.select_fixes(request.select)
     with Progress.for_stderr(quiet) as progress:
         progress.step(
             f"planning fixes for sglang {target.version} ({len(fixes)} fix(es), depth {request.depth})"
         )
-        return fixing.plan(
+        return planning.plan(
             fixes, target, facts, unsafe, request.depth, on_step=live_steps(progress.step, target)
         )
 
 
 def _fix_revert(site: Path | None, sglang_path: Path | None, as_json: bool) -> None:
     """``fix --revert``: remove the record --apply wrote (beside the sglang named, or installed)."""
-    from npudoctor import registration
-    from npudoctor.target import discover
+    from npudoctor.patching import records
+    from npudoctor.target.discovery import discover
 
     target = None
     if site is None and sglang_path is None:
@@ -603,7 +603,7 @@ def _fix_revert(site: Path | None, sglang_path: Path | None, as_json: bool) -> N
             target = discover()
     elif site is None:
         target = discover(sglang_path)
-    removed = registration.remove(site, target)
+    removed = records.remove(site, target)
     _fix_output(as_json, {"reverted": str(removed) if removed else None},
                 f"removed {removed}" if removed else "nothing to revert: no fix is recorded in "
                 f"{registration.site_dir(site, target)}")  # fmt: skip
@@ -615,12 +615,13 @@ def _fix_status(
     """``fix --status``: what ``document`` records, whether it still fits the installed sglang,
     whether the deployment still needs it and needs nothing more (the decisions ``fix`` makes now);
     exit 1 with the next command when the record no longer fits."""
-    from npudoctor import fixing, registration
+    from npudoctor.patching import planning
+    from npudoctor.patching import records
 
-    where = registration.site_dir(site, target)
-    rows = fixing.status(document, target, planned)
+    where = records.site_dir(site, target)
+    rows = planning.status(document, target, planned)
     fits = all(row.fits for row in rows)
-    needed = [p.fix.id for p in planned if p.decision.action is fixing.Action.APPLY]
+    needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     command = "npudoctor fix " + shlex.join(
         ["--apply", "--select", ",".join(needed), *fix_args] if needed else ["--revert", *fix_args]
     )
@@ -652,24 +653,25 @@ def _fix_show_plan(planned, as_json: bool, verbose: bool = False, fix_args: list
     if as_json:
         _fix_output(True, {"plan": _plan_json(planned)}, "")
         return
-    from npudoctor.formatters import plan
+    from npudoctor.formatters import fixplan
 
-    plan.print_plan(console := _console(), planned, verbose)
-    plan.print_apply_hint(console, planned, fix_args)
+    fixplan.print_plan(console := _console(), planned, verbose)
+    fixplan.print_apply_hint(console, planned, fix_args)
 
 
 def _fix_apply(target, planned, site: Path | None, as_json: bool, status_args: list[str],
                undo_args: list[str]) -> None:  # fmt: skip
     """``fix --apply``: record the fixes the plan accepts where sglang's processes find them; the
     commands that check and undo it repeat the user's options."""
-    from npudoctor import fixing, registration
+    from npudoctor.patching import planning
+    from npudoctor.patching import records
 
-    document = fixing.record_document(planned, target)
+    document = planning.record_document(planned, target)
     if not document["fixes"]:
         _fix_output(as_json, {"applied": [], "plan": _plan_json(planned)},
                     "nothing to apply: " + "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned))  # fmt: skip
         return
-    path = registration.write(document, site, target)
+    path = records.write(document, site, target)
     if as_json:
         _fix_output(
             True, {"applied": sorted(document["fixes"]), "record": str(path), "plan": _plan_json(planned)}, ""
@@ -704,15 +706,15 @@ def _plan_json(planned) -> list[dict]:
 
 
 def _print_plan(console: Console, planned, verbose: bool = False) -> None:
-    from npudoctor.formatters import plan
+    from npudoctor.formatters import fixplan
 
-    plan.print_plan(console, planned, verbose)
+    fixplan.print_plan(console, planned, verbose)
 
 
 def _plugin_note(console: Console, target) -> None:
-    from npudoctor import fixing
+    from npudoctor.patching import planning
 
-    if fixing.loads_plugins(target):
+    if planning.loads_plugins(target):
         console.print(
             f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) in every "
             "scheduler process; SGLANG_PLUGINS, if set, must name it"
@@ -762,9 +764,9 @@ def run(
     ] = False,
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
-    from npudoctor import fixing
-    from npudoctor.runner import load_deployment
-    from npudoctor.target import discover
+    from npudoctor.patching import planning
+    from npudoctor.engine.runner import load_deployment
+    from npudoctor.target.discovery import discover
 
     command = list(ctx.args)
     if command and command[0].startswith("-"):
@@ -773,7 +775,7 @@ def run(
         raise InputError(
             "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
         )
-    fixing.resolve_command(command[0])  # 127/126 before any planning
+    planning.resolve_command(command[0])  # 127/126 before any planning
     request = _check_request(ctx, deployment, depth, select=select)
     if request.config is not None or request.model_path is not None:
         request.launch_command = []  # the deployment is described; the command is only run
@@ -791,7 +793,7 @@ def run(
         planned = []
         if not quiet:
             _say(f"sglang {target.version} has no Ascend NPU backend: no runtime fix applies")
-    document = fixing.record_document(planned, target)
+    document = planning.record_document(planned, target)
     if verbose:
         for p in planned:
             _say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
@@ -800,16 +802,16 @@ def run(
         _say(f"applying {', '.join(applied)} to sglang {target.version} in every process of the command")
     elif planned and not quiet:
         _say(f"no runtime fix applies to sglang {target.version} for this deployment")
-    raise typer.Exit(fixing.run_command(command, document))
+    raise typer.Exit(planning.run_command(command, document))
 
 
 @app.command("list")
 def list_checks() -> None:
     """List every check: id, title, upstream references."""
-    from npudoctor.check import all_checks
-    from npudoctor.formatters import catalog
+    from npudoctor.engine.check import all_checks
+    from npudoctor.formatters import listing
 
-    catalog.print_list(_console(), all_checks())
+    listing.print_list(_console(), all_checks())
 
 
 @app.command()
@@ -818,14 +820,14 @@ def explain(
     full: Annotated[bool, typer.Option("--full", help="Also what the check tests, and how.")] = False,
 ) -> None:
     """Why a check matters, when its defect bites, and how to fix it."""
-    from npudoctor.check import all_checks
-    from npudoctor.formatters import catalog
+    from npudoctor.engine.check import all_checks
+    from npudoctor.formatters import listing
 
     checks = {c.id: c for c in all_checks()}
     item = checks.get(check_id.strip().upper())
     if item is None:
         raise InputError(f"unknown check id {check_id!r} (known: {', '.join(checks)})")
-    catalog.print_explain(_console(), item, full)
+    listing.print_explain(_console(), item, full)
 
 
 @app.command("env")
@@ -835,7 +837,7 @@ def env_command(
     """Inventory of this host: Python, torch, torch_npu, CANN, npu-smi, sglang, relevant env vars (secrets redacted)."""
     import json
 
-    from npudoctor.envinfo import inventory
+    from npudoctor.target.hostinfo import inventory
 
     _require_stdout()
     data = inventory()

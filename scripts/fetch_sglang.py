@@ -3,12 +3,12 @@
 
     python scripts/fetch_sglang.py 0.5.9 0.5.12 ...     # prints one unpacked tree per line
 
-The release cache of ``npudoctor.releases`` (``npudoctor advise`` uses the same one): each
+The release cache of ``npudoctor.target.releases`` (``npudoctor advise`` uses the same one): each
 release is downloaded with ``pip download --no-deps sglang==X`` into ``<cache>/wheels`` and
 its ``sglang/`` package unpacked into ``<cache>/trees/X/``, the layout ``npudoctor check
 --sglang-path`` takes, so tests and demos pay for the download only once. The cache is
 ``$NPUDOCTOR_SGLANG_CACHE``, else ``.cache/sglang`` in the repository. Stdlib only: it runs
-before anything is installed (``npudoctor/releases.py`` is loaded from the checkout).
+before anything is installed (``npudoctor/target/releases.py`` is loaded from the checkout).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # the module alone, not the package: no sys.path change for the tests that load this script
-_spec = importlib.util.spec_from_file_location("_npudoctor_releases", REPO / "npudoctor" / "releases.py")
+_spec = importlib.util.spec_from_file_location("_npudoctor_releases", REPO / "npudoctor" / "target" / "releases.py")
 _releases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_releases)
 

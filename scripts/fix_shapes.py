@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fetch_sglang import fetch  # noqa: E402
 
-from npudoctor.fix import fix_by_id  # noqa: E402
-from npudoctor.target import discover  # noqa: E402
+from npudoctor.patching.fixbase import fix_by_id  # noqa: E402
+from npudoctor.target.discovery import discover  # noqa: E402
 
 
 def main() -> int:

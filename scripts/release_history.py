@@ -5,7 +5,7 @@
 
 Runs ``npudoctor check --depth auto -f json`` (live where the release imports, static otherwise)
 on every final sglang release from ``--since`` to the newest on PyPI (fetched into the release
-cache, see fetch_sglang.py), for each witness deployment of ``WITNESSES``; ``npudoctor.history``
+cache, see fetch_sglang.py), for each witness deployment of ``WITNESSES``; ``npudoctor.target.history``
 reads the result to say, per finding, from which release the property holds ("upgrade to X") or
 that the newest release checked still fails. Rerun it when a release comes out or a check changes;
 ``--witness`` remakes the named witnesses only (the others keep what the history holds, as long
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from npudoctor import history
+from npudoctor.target import history
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "npudoctor" / "data" / "history.json"
@@ -64,7 +64,7 @@ def _reports(directory: Path, chosen: dict[str, str]) -> dict[tuple[str, str], d
     """(witness, release) -> a report made before, for the chosen witnesses' example files: one
     of ``check --depth auto`` with every check and no runtime fix (a report of ``--select``,
     ``--with-fix`` or another depth answers another question)."""
-    from npudoctor.check import all_checks
+    from npudoctor.engine.check import all_checks
 
     by_file = {example: name for name, example in chosen.items()}
     every_check = {c.id for c in all_checks()}

@@ -147,7 +147,7 @@ def session_static_cache(tmp_path_factory):
     and see no code-path variable of the shell the tests were started from: every deployment form
     reads them (``deployment.shell_env``), and a developer's ``ASCEND_USE_FIA=1`` must not turn a
     verdict the truths expect. A test that wants one sets it."""
-    from npudoctor.deployment import shell_env
+    from npudoctor.deployment.load import shell_env
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NPUDOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("npudoctor-cache")))
@@ -158,7 +158,7 @@ def session_static_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def static_cache(tmp_path, monkeypatch) -> Path:
-    """Each test its own static-result cache (``npudoctor.cache``), for itself and the processes it
+    """Each test its own static-result cache (``npudoctor.target.resultcache``), for itself and the processes it
     starts: a probe one test computed never answers another test (which may patch npudoctor)."""
     directory = tmp_path / "npudoctor-cache"
     monkeypatch.setenv("NPUDOCTOR_CACHE_DIR", str(directory))
@@ -326,7 +326,7 @@ PROGRESS_LINE = re.compile(r"npudoctor: \[\d+\.\d s\] ")
 
 
 def without_progress(err: str) -> str:
-    """stderr less the progress lines a run without a terminal writes (``npudoctor.progress``)."""
+    """stderr less the progress lines a run without a terminal writes (``npudoctor.engine.progress``)."""
     return "".join(line for line in err.splitlines(keepends=True) if not PROGRESS_LINE.match(line))
 
 

@@ -1,4 +1,4 @@
-"""The static-result cache (``npudoctor.cache``) never answers for code that changed: a second
+"""The static-result cache (``npudoctor.target.resultcache``) never answers for code that changed: a second
 run gives the first run's report, an edited tree or another deployment is a new answer, and a
 damaged or unwritable cache costs only the speed."""
 
@@ -94,7 +94,7 @@ def test_advise_json_carries_the_cached_reports_unchanged(cli, release, monkeypa
 def test_old_generations_are_pruned(cli, release, static_cache):
     """Each npudoctor version (or edit) answers in a directory of its own; a new one keeps only the
     most recent few, so the cache does not grow with every upgrade."""
-    from npudoctor.cache import KEPT_GENERATIONS
+    from npudoctor.target.resultcache import KEPT_GENERATIONS
 
     for index in range(KEPT_GENERATIONS + 2):
         old = static_cache / "static" / f"old-{index}"

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-import npudoctor.runner
-from npudoctor.results import SCHEMA_VERSION
+import npudoctor.engine.runner
+from npudoctor.engine.results import SCHEMA_VERSION
 
 from conftest import EXAMPLES, REPO, json_report, result_of
 
@@ -157,7 +157,7 @@ def test_internal_error_exits_3_without_traceback(cli, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(npudoctor.runner, "run", broken)
+    monkeypatch.setattr(npudoctor.engine.runner, "run", broken)
     code, _, err = cli("check")
     assert code == 3
     assert "internal error: RuntimeError: boom" in err and "Traceback" not in err

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from npudoctor import deployment
-from npudoctor.errors import InputError
-from npudoctor.facts import AttentionKind, ModelFacts
-from npudoctor.launch import parse_command
+from npudoctor.deployment import load
+from npudoctor.engine.errors import InputError
+from npudoctor.deployment.facts import AttentionKind, ModelFacts
+from npudoctor.deployment.launch import parse_command
 
 from conftest import EXAMPLES
 
@@ -28,7 +28,7 @@ def test_launch_command_yaml_and_flags_agree(tmp_path, monkeypatch):
     for name in [k for k in __import__("os").environ if k.startswith(("ASCEND_", "SGLANG_", "HCCL_"))]:
         monkeypatch.delenv(name)
     model_dir = MODELS / "deepseek-v3"
-    command = deployment.from_command(
+    command = load.from_command(
         [
             "ASCEND_USE_FIA=1",
             "python3",
@@ -55,14 +55,14 @@ def test_launch_command_yaml_and_flags_agree(tmp_path, monkeypatch):
         f"model: {{path: {model_dir}}}\nenv: {{ASCEND_USE_FIA: '1'}}\nroles:\n"
         "  decode: {server_args: {tp_size: 16, pp_size: 2, page_size: 128}}\n"
     )
-    from_yaml = deployment.from_yaml(yaml_file)
+    from_yaml = load.from_yaml(yaml_file)
     args_file = tmp_path / "a.yaml"
     args_file.write_text(
         f"model: {{config: {model_dir}/config.json}}\nroles:\n  decode:\n    env: {{ASCEND_USE_FIA: 'true'}}\n"
         "    args: [--tensor-parallel-size, '16', --pp-size, '2', --disaggregation-mode, decode]\n"
     )
-    from_args = deployment.from_yaml(args_file)
-    flags = deployment.from_flags(
+    from_args = load.from_yaml(args_file)
+    flags = load.from_flags(
         model_dir, {"tp_size": 16, "pp_size": 2, "disaggregation_mode": "decode"}, {"ASCEND_USE_FIA": "1"}
     )
 
@@ -111,7 +111,7 @@ def test_launch_command_yaml_and_flags_agree(tmp_path, monkeypatch):
     ],
 )
 def test_model_facts_from_real_configs(model, kind, layers, extra):
-    facts = deployment.model_from_dir(MODELS / model, "test")
+    facts = load.model_from_dir(MODELS / model, "test")
     assert facts.attention is kind and facts.num_layers == layers
     for key, value in extra.items():
         assert getattr(facts, key) == value, key
@@ -138,14 +138,14 @@ def test_llama4_text_config_and_chunked_window():
 def test_roles_named_after_pd_side_take_that_mode(tmp_path):
     path = tmp_path / "d.yaml"
     path.write_text("roles:\n  prefill: {server_args: {pp_size: 2}}\n  decode: {}\n")
-    facts = deployment.from_yaml(path).facts
+    facts = load.from_yaml(path).facts
     assert [r.disaggregation_mode for r in facts.roles] == ["prefill", "decode"]
     assert facts.role("decode").can_offload_kv and not facts.role("prefill").can_offload_kv
 
 
 def test_draft_layers_from_speculative_decoding():
-    model = deployment.model_from_dir(MODELS / "deepseek-v3", "test")
-    from npudoctor.facts import role_facts
+    model = load.model_from_dir(MODELS / "deepseek-v3", "test")
+    from npudoctor.deployment.facts import role_facts
 
     assert role_facts("decode", {"speculative_algorithm": "nextn"}, {}, model).draft_layers == 1
     assert role_facts("decode", {}, {}, model).draft_layers == 0
@@ -175,7 +175,7 @@ def test_yaml_errors_name_the_field(tmp_path, yaml_text, message):
     path = tmp_path / "d.yaml"
     path.write_text(yaml_text)
     with pytest.raises(InputError, match=None) as caught:
-        deployment.from_yaml(path)
+        load.from_yaml(path)
     assert message in str(caught.value) and str(path) in str(caught.value)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.fix import all_fixes
+from npudoctor.patching.fixbase import all_fixes
 
 from conftest import EXAMPLES, RELEASES, REPO, TRUTH, fixprobe, overlay_tree, replace_text, truth_verdict
 
@@ -56,7 +56,7 @@ def test_every_fix_has_a_scenario_and_a_check():
 @pytest.mark.parametrize("fix_id", FIX_IDS)
 def test_explain_names_where_the_fix_comes_from(cli, fix_id):
     """A user deciding on an unsafe override must see whether it ports upstream's fix or is npudoctor's own."""
-    from npudoctor.fix import fix_by_id
+    from npudoctor.patching.fixbase import fix_by_id
 
     fix = fix_by_id(fix_id)
     code, out, _ = cli("explain", fix_id)
@@ -69,8 +69,8 @@ def test_explain_names_where_the_fix_comes_from(cli, fix_id):
 @pytest.mark.parametrize("fix_id", FIX_IDS)
 def test_written_for_matches_the_real_releases(fix_id, subject):
     """The shape table is read from real wheels; a stale entry would refuse a release it was written for."""
-    from npudoctor.fix import fix_by_id
-    from npudoctor.target import discover
+    from npudoctor.patching.fixbase import fix_by_id
+    from npudoctor.target.discovery import discover
 
     fix = fix_by_id(fix_id)
     for label, shape in fix.written_for.items():
@@ -118,7 +118,7 @@ def test_with_fix_turns_the_live_check_green(fix_id, live_report):
 @pytest.mark.slow
 @pytest.mark.parametrize("fix_id", FIX_IDS)
 def test_npudoctor_run_reaches_a_spawned_child(fix_id, subject, live_report):
-    from npudoctor.fix import Safety, fix_by_id
+    from npudoctor.patching.fixbase import Safety, fix_by_id
 
     version = buggy(fix_id)[0]  # the oldest: no plugin loader, only the bootstrap can deliver it
     run = [

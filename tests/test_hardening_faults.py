@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor import registration
-from npudoctor.check import all_checks
-from npudoctor.fixing import BOOTSTRAP_DIR
+from npudoctor.patching import records
+from npudoctor.engine.check import all_checks
+from npudoctor.patching.planning import BOOTSTRAP_DIR
 
 from conftest import EXAMPLES, json_report, replace_text, result_of, sweep, without_progress
 
@@ -343,7 +343,7 @@ def test_apply_into_no_directory_exits_2(cli, release, tmp_path, monkeypatch, ki
     if kind == "a file":
         site.write_text("")
     assert "not a directory" in one_error_line(_apply(cli, release, site)[2])
-    monkeypatch.setenv(registration.SITE_ENV, str(site))  # NPUDOCTOR_SITE pointing nowhere
+    monkeypatch.setenv(records.SITE_ENV, str(site))  # NPUDOCTOR_SITE pointing nowhere
     code, _, err = _apply(cli, release, None)
     assert code == 2 and "not a directory" in one_error_line(err)
     code, out, err = cli("fix", "--status", "--sglang-path", release("0.5.12"))
@@ -380,7 +380,7 @@ def recorded(cli, release, tmp_path) -> Path:
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_record_status_exits_2_revert_removes_it_plugin_survives(cli, release, recorded, damage):
-    plan = recorded / registration.DIST_INFO / registration.PLAN_FILE
+    plan = recorded / records.DIST_INFO / records.PLAN_FILE
     plan.write_bytes(DAMAGE[damage])
     code, out, err = cli("fix", "--status", "--sglang-path", release("0.5.12"), "--site", recorded)
     assert code == 2 and out == "", err
@@ -406,7 +406,7 @@ def test_damaged_record_status_exits_2_revert_removes_it_plugin_survives(cli, re
 
 
 def test_revert_without_record_file_list_still_removes_it_but_keeps_foreign_files(cli, recorded):
-    record = recorded / registration.DIST_INFO
+    record = recorded / records.DIST_INFO
     (record / "RECORD").unlink()
     (record / "notes.txt").write_text("mine")
     code, _, err = cli("fix", "--revert", "--site", recorded)
@@ -417,10 +417,10 @@ def test_revert_without_record_file_list_still_removes_it_but_keeps_foreign_file
 
 
 def test_revert_of_a_record_that_is_a_file_exits_2(cli, tmp_path):
-    (tmp_path / registration.DIST_INFO).write_text("not a directory")
+    (tmp_path / records.DIST_INFO).write_text("not a directory")
     code, _, err = cli("fix", "--revert", "--site", tmp_path)
     assert code == 2 and "not removed" in one_error_line(err)
-    assert (tmp_path / registration.DIST_INFO).is_file()
+    assert (tmp_path / records.DIST_INFO).is_file()
 
 
 # -- npudoctor run and the activation it delivers -----------------------------------------------
@@ -554,9 +554,9 @@ def test_apply_over_a_broken_leftover_exits_2_and_leaves_nothing_behind(cli, rel
     """A dangling symlink where the record goes: the rename fails, the staging copy is removed."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / registration.DIST_INFO).symlink_to(tmp_path / "gone")
+    (site / records.DIST_INFO).symlink_to(tmp_path / "gone")
     code, _, err = _apply(cli, release, site)
     assert code == 2 and "cannot write the fix record" in one_error_line(err)
-    assert [p.name for p in site.iterdir()] == [registration.DIST_INFO]
+    assert [p.name for p in site.iterdir()] == [records.DIST_INFO]
     code, _, err = cli("fix", "--revert", "--site", site)
     assert code == 2 and "not removed" in one_error_line(err)

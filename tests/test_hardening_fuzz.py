@@ -28,9 +28,9 @@ import yaml
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import npudoctor.runner
+import npudoctor.engine.runner
 from npudoctor.cli import main
-from npudoctor.target import discover
+from npudoctor.target.discovery import discover
 
 from conftest import EXAMPLES as EXAMPLE_DIR
 
@@ -52,7 +52,7 @@ def tree(release):
     path = release("0.5.12")
     shared = discover(path)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(npudoctor.runner, "discover", lambda sglang_path=None: shared)
+        patch.setattr(npudoctor.engine.runner, "discover", lambda sglang_path=None: shared)
         yield path
 
 
@@ -469,7 +469,7 @@ def test_the_contract_catches_an_internal_error(tree, monkeypatch):
     def broken(*_args, **_kwargs):
         raise ValueError("a bug")
 
-    monkeypatch.setattr(npudoctor.deployment, "from_yaml", broken)
+    monkeypatch.setattr(npudoctor.deployment.load, "from_yaml", broken)
     with pytest.raises(AssertionError, match="exit 3"):
         check(tree, "json", "--config", EXAMPLE_DIR / "deepseek-v3-pd.yaml")
 
@@ -491,7 +491,7 @@ def test_values_of_sglang_own_parser_become_plain_data():
         action.default = argparse.SUPPRESS
     argv = ["python", "-m", "sglang.launch_server", "--pp-size", "2", "--weird", "x"]
     argv += ["--disaggregation-transfer-backend", "ascend", "--api-key", "k"]
-    facts = npudoctor.deployment.from_command(argv, parser).facts
+    facts = npudoctor.deployment.load.from_command(argv, parser).facts
     (role,) = facts.to_dict()["roles"]
     assert role["server_args"]["disaggregation_transfer_backend"] == "ascend"
     assert role["server_args"]["weird"].startswith("<object object")

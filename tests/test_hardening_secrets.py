@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+from npudoctor.deployment.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
 
 from conftest import EXAMPLES
 

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from npudoctor import history
-from npudoctor.deployment import from_yaml
-from npudoctor.facts import NO_DEPLOYMENT
+from npudoctor.target import history
+from npudoctor.deployment.load import from_yaml
+from npudoctor.deployment.facts import NO_DEPLOYMENT
 
 from conftest import EXAMPLES, TRUTH, result_of
 
@@ -124,7 +124,7 @@ def test_history_takes_only_reports_that_answer_its_question(tmp_path):
     turned DeepSeek-V3's NPD005 failure into a pass)."""
     import importlib.util
 
-    from npudoctor.check import all_checks
+    from npudoctor.engine.check import all_checks
 
     from conftest import REPO
 

@@ -97,11 +97,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "npudoctor.activation" in graph["npudoctor.fixing"]
-    assert "npudoctor.check" in graph["npudoctor.live"]
+    assert "npudoctor.patching.activation" in graph["npudoctor.patching.planning"]
+    assert "npudoctor.engine.check" in graph["npudoctor.live.child_process"]
     assert any(name.startswith("npudoctor.checks.npd001") for name in graph)
     # a lazy import inside a function counts
-    assert "npudoctor.fix" in graph["npudoctor.activation"]
+    assert "npudoctor.patching.fixbase" in graph["npudoctor.patching.activation"]
 
 
 def test_no_import_cycles():

@@ -1,7 +1,7 @@
 """The live depth runs on every sglang release on PyPI from 0.4.10 to the newest (issue 11).
 
 One CPU dependency set (requirements-live.txt) for all of them: what a release imports and this
-host lacks is stood in (``npudoctor.standins``) and named in the report. For each release and each
+host lacks is stood in (``npudoctor.live.standins``) and named in the report. For each release and each
 deployment (MLA PD with prefill PP, MLA with the indexer PD with decode MTP, MHA PD with FIA on and off), every check in the deployment's
 scope gets its live probe run: no check loses it to an import failure, none ends in ``error``.
 The releases come from PyPI's index (kept in the release cache after the first run).

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from npudoctor.source import SourceTree
+from npudoctor.static.source import SourceTree
 
 from conftest import EXAMPLES, RELEASES, TRUTH, json_report, replace_text, result_of, sweep, truth_present
 

@@ -29,8 +29,8 @@ import pytest
 import yaml
 from test_npd003_static import write_deployment
 
-from npudoctor.fix import fix_by_id
-from npudoctor.target import discover
+from npudoctor.patching.fixbase import fix_by_id
+from npudoctor.target.discovery import discover
 
 from conftest import EXAMPLES, RELEASES, REPO, fixprobe, replace_text, truth_verdict
 
@@ -372,7 +372,7 @@ def test_the_mha_splitter_fix_maps_every_stage_on_later_releases(release, later_
 REFUSALS = """
 import json, sys
 from types import SimpleNamespace
-from npudoctor.npusim import simulated_npu
+from npudoctor.live.npusim import simulated_npu
 with simulated_npu():
     import sglang.srt.disaggregation.utils, sglang.srt.distributed.utils, sglang.srt.server_args as sa
     from npudoctor.fixes import npd003_pp_transfer_map as fix

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from npudoctor.fix import fix_by_id
-from npudoctor.target import discover
+from npudoctor.patching.fixbase import fix_by_id
+from npudoctor.target.discovery import discover
 
 from conftest import EXAMPLES, NPU_BACKEND, fixprobe, method_span, overlay_tree, result_of
 

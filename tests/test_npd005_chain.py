@@ -87,7 +87,7 @@ def test_every_release_and_deployment_binds_beyond_the_known_defect(release, ver
     that do not bind are the copy methods the truths name (0.5.13/0.5.14), no sibling elsewhere."""
     from npudoctor.checks.npd005_offload_signatures.chain import walk
     from npudoctor.checks.npd005_offload_signatures.static import _OffloadGraph
-    from npudoctor.source import SourceTree
+    from npudoctor.static.source import SourceTree
 
     graph = _OffloadGraph(SourceTree(release(version) / "sglang"))
     for kind, (families, sliding, hybrid) in SCOPE.items():

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.deployment import from_yaml
-from npudoctor.fix import fix_by_id
-from npudoctor.fixing import Action, plan
-from npudoctor.target import discover
+from npudoctor.deployment.load import from_yaml
+from npudoctor.patching.fixbase import fix_by_id
+from npudoctor.patching.planning import Action, plan
+from npudoctor.target.discovery import discover
 
 from conftest import EXAMPLES, fixprobe, replace_text
 
@@ -133,7 +133,7 @@ def test_releases_where_the_check_passes_need_no_fix(version, release):
 
 
 def test_record_lists_the_sites_installed_on_0514(release):
-    from npudoctor.fixing import Planned, record_document
+    from npudoctor.patching.planning import Planned, record_document
 
     fix = fix_by_id("NPD005")
     target = discover(release("0.5.14"))

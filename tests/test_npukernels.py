@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from npudoctor.npukernels import npu_fused_infer_attention_score
+from npudoctor.live.npukernels import npu_fused_infer_attention_score
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 16
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from npudoctor import npusim
+from npudoctor.live import npusim
 
 
 def test_standins_exist_only_inside_the_block():

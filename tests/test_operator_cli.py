@@ -224,7 +224,7 @@ def test_a_tree_without_the_ascend_backend_has_nothing_to_check(cli, no_npu_tree
 
 
 def test_every_release_format_of_the_ascend_backend_is_found(release):
-    from npudoctor.target import discover
+    from npudoctor.target.discovery import discover
 
     for version in ("0.4.10", "0.5.9", "0.5.23"):  # layers/attention/ (0.4.10), hardware_backend/npu/
         assert discover(release(version)).has_ascend_backend, version

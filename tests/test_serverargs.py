@@ -1,4 +1,4 @@
-"""Server argument names against the release under test (npudoctor.serverargs, NPD000).
+"""Server argument names against the release under test (npudoctor.deployment.serverargs, NPD000).
 
 A name no release knows exits 2 with a did-you-mean, naming where it came from; a name another
 release knows but this one lacks is NPD000's finding (exit 1, file:line of the release's
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor import deployment
-from npudoctor.errors import InputError
-from npudoctor.facts import GivenArgument
-from npudoctor.serverargs import history, read_table, validate_arguments
-from npudoctor.source import SourceTree
-from npudoctor.target import discover
+from npudoctor.deployment import load
+from npudoctor.engine.errors import InputError
+from npudoctor.deployment.facts import GivenArgument
+from npudoctor.deployment.serverargs import history, read_table, validate_arguments
+from npudoctor.static.source import SourceTree
+from npudoctor.target.discovery import discover
 
 from conftest import EXAMPLES, RELEASES, REPO, TRUTH, json_report, result_of, sweep
 
@@ -108,7 +108,7 @@ def test_fix_validates_before_planning(cli, release, tmp_path):
 def test_run_validates_before_starting_the_command(cli, release, monkeypatch, tmp_path):
     """`npudoctor run` with a flag no sglang knows: exit 2 before planning or starting anything."""
     target = discover(release("0.5.13"))
-    monkeypatch.setattr("npudoctor.target.discover", lambda sglang_path=None: target)
+    monkeypatch.setattr("npudoctor.target.discovery.discover", lambda sglang_path=None: target)
     code, _, err = cli("run", "--", sys.executable, *LAUNCH[1:], "--tp-sise", "16")
     assert code == 2 and "launch command: unknown flag --tp-sise" in err
 
@@ -121,7 +121,7 @@ def test_sglang_parser_path_checks_what_the_parser_did_not_know(release):
     parser.add_argument("--model-path")
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    deploy = deployment.from_command(
+    deploy = load.from_command(
         ["--model-path", str(MODEL), "--tp-size", "8", "--tp-sise", "16"], parser
     )
     (role,) = deploy.facts.roles

@@ -1,4 +1,4 @@
-"""npudoctor.signatures: static call binding agrees with CPython, and call sites are found with
+"""npudoctor.static.signatures: static call binding agrees with CPython, and call sites are found with
 their enclosing class and function."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npudoctor.signatures import (
+from npudoctor.static.signatures import (
     CallShape,
     accepts_keyword,
     bind_errors,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.check import all_checks
-from npudoctor.fixing import BOOTSTRAP_DIR
+from npudoctor.engine.check import all_checks
+from npudoctor.patching.planning import BOOTSTRAP_DIR
 
 from conftest import EXAMPLES
 
@@ -75,7 +75,7 @@ def test_bootstrap_imports_npudoctor_only_when_sglang_is_imported(fake_sglang, t
     after, printed = _loaded(f"import json\n{code}", env)
     armed, disarmed = json.loads(printed)
     assert "_ArmAtFirstImport" in armed and "_ArmAtFirstImport" not in disarmed
-    assert "npudoctor.activation" in after and "wrapt" in after  # the plan's hook is registered
+    assert "npudoctor.patching.activation" in after and "wrapt" in after  # the plan's hook is registered
 
 
 def _check(tree: Path) -> str:
@@ -94,7 +94,7 @@ def test_a_static_check_loads_no_live_probe_and_a_cached_one_no_probe(release):
     code = _check(release("0.5.12"))
     cold, printed = _loaded(f"import json\n{code}")
     assert printed == f"1 {len(all_checks())}"  # 0.5.12 DeepSeek-V3 PD has findings
-    assert not [m for m in cold if m in PROBES and m.endswith(".live") or m == "npudoctor.livepools"]
+    assert not [m for m in cold if m in PROBES and m.endswith(".live") or m == "npudoctor.live.livepools"]
     assert [m for m in cold if m.endswith(".static")]  # the static probes ran
     warm, printed = _loaded(f"import json\n{code}")
     assert printed == f"1 {len(all_checks())}"
@@ -113,4 +113,4 @@ def test_help_list_and_explain_load_no_probe(argv):
     loaded, printed = _loaded(code)
     assert printed == "0 True"
     assert not set(loaded) & set(PROBES)
-    assert "npudoctor.runner" not in loaded
+    assert "npudoctor.engine.runner" not in loaded

@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from npudoctor.check import all_checks
-from npudoctor.fix import all_fixes
+from npudoctor.engine.check import all_checks
+from npudoctor.patching.fixbase import all_fixes
 
 from conftest import EXAMPLES, fetch_sglang, json_report, result_of
 
@@ -168,7 +168,7 @@ def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release)
     """No empty bullet: an evidence with no location is "- expected: ..." (a real report of 0.5.12,
     its first NPD001 evidence without its location)."""
     from npudoctor.formatters import text
-    from npudoctor.runner import CheckRequest, run
+    from npudoctor.engine.runner import CheckRequest, run
 
     report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
     npd001 = next(r for r in report.results if r.id == "NPD001")

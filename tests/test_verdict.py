@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from npudoctor.check import Probe, all_checks, verdict
-from npudoctor.evaluate import NO_LIVE_PROBE_APPLIES
-from npudoctor.results import Depth, Evidence, Status
+from npudoctor.engine.check import Probe, all_checks, verdict
+from npudoctor.engine.evaluate import NO_LIVE_PROBE_APPLIES
+from npudoctor.engine.results import Depth, Evidence, Status
 
 from conftest import EXAMPLES, QUICK_STATES, fixprobe, result_of
 

@@ -35,11 +35,11 @@ exception is the evidence.
 
 from __future__ import annotations
 
-from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.pools import offload_scope
-from npudoctor.results import Status
-from npudoctor.target import Target
+from npudoctor.engine.check import Check, Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.static.poolclasses import offload_scope
+from npudoctor.engine.results import Status
+from npudoctor.target.discovery import Target
 
 
 class CpuOffloadRoundTrip(Check):
@@ -66,7 +66,7 @@ class CpuOffloadRoundTrip(Check):
     )
 
     def live_imports(self) -> None:
-        from npudoctor import livepools  # live only: never loaded at static depth
+        from npudoctor.live import livepools  # live only: never loaded at static depth
 
         livepools.import_pool_modules()
 

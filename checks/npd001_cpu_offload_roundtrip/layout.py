@@ -10,7 +10,7 @@ dimension *is* the token slots, one token per row. The NPU pools allocate page-m
 size (``v_buffer.view(-1, heads, head_dim)`` on a V buffer of ``v_head_dim`` per head) addresses the
 wrong bytes or does not exist.
 
-The probe runs the pool's construction on symbols (``npudoctor.shapes.LayoutEvaluator``: pages,
+The probe runs the pool's construction on symbols (``npudoctor.static.shapes.LayoutEvaluator``: pages,
 page size and layers are symbols; heads and head dims are the deployment's numbers; the role's
 ``ASCEND_USE_FIA`` decides the branch), then runs each copy method with ``indices`` bound to a
 token-slot marker that follows slicing and the pool's own helper calls, and records every tensor a
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from npudoctor import shapes
-from npudoctor.shapes import UNKNOWN, LayoutEvaluator, Repeated, Seq, Sym, Tensor
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static import shapes
+from npudoctor.static.shapes import UNKNOWN, LayoutEvaluator, Repeated, Seq, Sym, Tensor
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 
 class _Tokens:

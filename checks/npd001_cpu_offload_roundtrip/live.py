@@ -1,16 +1,17 @@
 """NPD001 live probe: build each NPU pool class of the deployment's families for the decode role on
-CPU (``npudoctor.livepools``: the role's layers, heads, head dims, page size; a few pages), fill
+CPU (``npudoctor.live.livepools``: the role's layers, heads, head dims, page size; a few pages), fill
 every KV buffer with random bits, ``get_cpu_copy`` scattered token slots, ``load_cpu_copy`` them
 into other slots and compare every layer and buffer bit for bit.
 """
 
 from __future__ import annotations
 
-from npudoctor import livepools, liveprocess
-from npudoctor.check import Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.livecode import code_location, exception_evidence
-from npudoctor.results import Evidence, Status
+from npudoctor.live import livepools
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.live.locations import code_location, exception_evidence
+from npudoctor.engine.results import Evidence, Status
 
 
 def live_probe(
@@ -28,7 +29,7 @@ def live_probe(
         if not classes:
             return livepools.no_pool_loaded(family, assumptions, roles)
         for cls in classes:
-            problem = liveprocess.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
+            problem = processstate.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
             if problem is None:
                 evidence.append(
                     Evidence(

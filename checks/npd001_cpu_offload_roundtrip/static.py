@@ -1,7 +1,7 @@
 """NPD001 static probe: read with ``ast`` the ``get_cpu_copy``/``load_cpu_copy`` that every NPU
 pool class of the deployment's families resolves to through its MRO, and require that they exist,
 are not abstract stubs, read only attributes that building the class assigns or its classes
-define (``npudoctor.pools`` finds the classes, ``npudoctor.source`` follows their construction),
+define (``npudoctor.static.poolclasses`` finds the classes, ``npudoctor.static.source`` follows their construction),
 and index every buffer with the request's token slots through a view whose rows are token slots
 (``layout``: the pool built on symbols for the decode role, FIA on or off, the model's head dims).
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 
-from npudoctor.check import Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.pools import OFFLOAD_METHODS, no_npu_pool, npu_pool_classes
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.shapes import Sym, Tensor
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.static.poolclasses import OFFLOAD_METHODS, no_npu_pool, npu_pool_classes
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.shapes import Sym, Tensor
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 from .layout import OffloadEvaluator, addresses_tokens, describe, token_slots
 

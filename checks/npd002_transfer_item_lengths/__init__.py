@@ -9,7 +9,7 @@ leaving decode with garbage KV. The fix multiplies by ``page_size`` under FIA
 (https://github.com/sgl-project/sglang/pull/15852).
 
 Static probe (the property, not the diff): run the deployment's NPU pool construction
-and its ``get_contiguous_buf_infos`` on symbols (``npudoctor.shapes``) with the role's
+and its ``get_contiguous_buf_infos`` on symbols (``npudoctor.static.shapes``) with the role's
 environment, and require every item length to equal the layer buffer's bytes divided by
 its page count, i.e. exactly one page, whatever the layout.
 
@@ -23,11 +23,11 @@ pool allocates).
 
 from __future__ import annotations
 
-from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.pools import pool_family
-from npudoctor.results import Status
-from npudoctor.target import Target
+from npudoctor.engine.check import Check, Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.static.poolclasses import pool_family
+from npudoctor.engine.results import Status
+from npudoctor.target.discovery import Target
 
 from .verdict import FIA_ENV
 
@@ -48,7 +48,7 @@ class TransferItemLengths(Check):
     )
 
     def live_imports(self) -> None:
-        from npudoctor import livepools  # live only: never loaded at static depth
+        from npudoctor.live import livepools  # live only: never loaded at static depth
 
         livepools.import_pool_modules()
 

@@ -5,11 +5,12 @@ in the role's environment (``ASCEND_USE_FIA`` decides the layout at construction
 
 from __future__ import annotations
 
-from npudoctor import livepools, liveprocess
-from npudoctor.check import Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.livecode import code_location, exception_evidence
-from npudoctor.results import Evidence
+from npudoctor.live import livepools
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.live.locations import code_location, exception_evidence
+from npudoctor.engine.results import Evidence
 
 from .verdict import FIA_ENV, verdict
 
@@ -27,7 +28,7 @@ def live_probe(
         for cls in classes:
             for role in roles:
                 label = f"{cls.__name__} ({role.name}, {FIA_ENV}={'1' if role.use_fia else '0'})"
-                outcome, item = liveprocess.in_role(
+                outcome, item = processstate.in_role(
                     role, lambda cls=cls, role=role: _live_items(cls, facts, role)
                 )
                 evidence.append(item)

@@ -1,5 +1,5 @@
 """NPD002 static probe: run each NPU pool class's construction and its ``get_contiguous_buf_infos``
-on symbols (``npudoctor.shapes``) in every PD role's environment, and require every item length to
+on symbols (``npudoctor.static.shapes``) in every PD role's environment, and require every item length to
 be the layer buffer's bytes divided by its page count (one page), pointing at the ``kv_item_lens``
 line when it is not.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 import ast
 import re
 
-from npudoctor.check import Probe
-from npudoctor.facts import Facts, RoleFacts
-from npudoctor.pools import no_npu_pool, npu_pool_classes
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.shapes import LayoutEvaluator, Sym, flatten
-from npudoctor.source import ClassInfo, SourceTree
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.static.poolclasses import no_npu_pool, npu_pool_classes
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.shapes import LayoutEvaluator, Sym, flatten
+from npudoctor.static.source import ClassInfo, SourceTree
 
 from .verdict import FIA_ENV, verdict
 

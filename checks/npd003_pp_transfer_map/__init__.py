@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from npudoctor import history
-from npudoctor.check import Check, Probe
-from npudoctor.facts import ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
-from npudoctor.pools import pool_family
-from npudoctor.results import Status
-from npudoctor.target import Target
+from npudoctor.target import history
+from npudoctor.engine.check import Check, Probe
+from npudoctor.deployment.facts import ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.static.poolclasses import pool_family
+from npudoctor.engine.results import Status
+from npudoctor.target.discovery import Target
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
@@ -98,7 +98,7 @@ class PipelineTransferMap(Check):
         return result
 
     def live_imports(self) -> None:
-        from npudoctor import livepools  # live only: never loaded at static depth
+        from npudoctor.live import livepools  # live only: never loaded at static depth
 
         from . import live as live_probe
 

@@ -33,7 +33,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from npudoctor.source import FunctionRef, SourceTree
+from npudoctor.static.source import FunctionRef, SourceTree
 
 PP_MODULE = "sglang.srt.distributed.utils"
 _SAFE_BUILTINS = {

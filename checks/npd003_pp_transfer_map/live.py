@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from npudoctor import kvargs, livepools, liveprocess
-from npudoctor.check import Probe
-from npudoctor.facts import ModelFacts, RoleFacts
-from npudoctor.livecode import code_location, exception_evidence, raising_location, relative
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.live import kvargs
+from npudoctor.live import livepools
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.live.locations import code_location, exception_evidence, raising_location, relative
+from npudoctor.engine.results import Evidence, Location, Status
 
 UTILS_MODULE = kvargs.UTILS_MODULE
 PP_MODULE = "sglang.srt.distributed.utils"
@@ -260,7 +262,7 @@ def assemble_kv_args(
     stage: int,
     errors: list[BaseException],
 ) -> Any:
-    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.kvargs``), completed by sglang's
+    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.live.kvargs``), completed by sglang's
     own ``setup_state_kv_args`` where the release has it.
 
     That producer also registers the pools' *state* buffers, which travel by another path than
@@ -350,13 +352,13 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
             )
 
     try:
-        liveprocess.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
+        processstate.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
     except AttributeError as error:
         if getattr(error, "obj", None) in (manager, recorder):
             raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
         mapping.error = error
     except Exception as error:
-        if liveprocess.needs_process_state(error):
+        if processstate.needs_process_state(error):
             raise ProcessStateGap(f"{type(error).__name__}: {error}") from error
         mapping.error = error
     mapping.path = list({step.name: step for step in path}.values())
@@ -392,7 +394,7 @@ def _stage_topology(role: RoleFacts, stage: int) -> Iterator[None]:
     """On releases with a runtime parallel context (``sglang.srt.runtime_context``), this
     stage's place in the pipeline: 0.5.2x reads ``get_parallel().pp_group.is_last_rank`` to
     decide whether the stage sends draft KV."""
-    runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
+    runtime = sys.modules.get(processstate.RUNTIME_MODULE)
     if runtime is None or not hasattr(runtime, "get_parallel"):
         yield
         return
@@ -415,17 +417,17 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
     except ValueError as error:
         if not _UNPUBLISHED.search(str(error)):
             raise
-    runtime = sys.modules.get(liveprocess.RUNTIME_MODULE)
-    server_args_class = importlib.import_module(liveprocess.SERVER_ARGS_MODULE).ServerArgs
+    runtime = sys.modules.get(processstate.RUNTIME_MODULE)
+    server_args_class = importlib.import_module(processstate.SERVER_ARGS_MODULE).ServerArgs
     in_context = runtime is not None and hasattr(runtime, "get_context")
     record = dataclasses.is_dataclass(server_args_class)
     if not in_context or record:
         # a dataclass record (<= 0.5.19) is published without its __post_init__, which asks the device
         try:
-            with liveprocess.published_server_args(role, model):
+            with processstate.published_server_args(role, model):
                 return call()
         except Exception as error:
-            if not (in_context and liveprocess.needs_process_state(error)):
+            if not (in_context and processstate.needs_process_state(error)):
                 raise
             # 0.5.19's publish resolves the record, which asks the device: set it into the context as is
     context = runtime.get_context()
@@ -435,13 +437,13 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
     saved = [(part, _state_of(part)) for part in _context_parts(context)]
     try:
         if record:
-            server_args = liveprocess.dataclass_instance(
-                server_args_class, {**given, "model_path": liveprocess.PROBE_MODEL_PATH}
+            server_args = processstate.dataclass_instance(
+                server_args_class, {**given, "model_path": processstate.PROBE_MODEL_PATH}
             )
         else:
-            server_args = server_args_class(model_path=liveprocess.PROBE_MODEL_PATH, **given)
+            server_args = server_args_class(model_path=processstate.PROBE_MODEL_PATH, **given)
         if model is not None:
-            _memoise_model_config(server_args, liveprocess.served_model_config(model))
+            _memoise_model_config(server_args, processstate.served_model_config(model))
         context.set_server_args(server_args)
         return call()
     finally:
@@ -533,7 +535,7 @@ def probe(
     * the stage's layer range comes from sglang's own ``get_pp_indices`` (the partition the
       model's ``make_layers`` uses, honouring ``SGLANG_PP_LAYER_PARTITION``);
     * both sides' pools are the real sglang NPU pool classes, built small on CPU
-      (``npudoctor.livepools``): the stage pool with its ``start_layer``/``end_layer``, the
+      (``npudoctor.live.livepools``): the stage pool with its ``start_layer``/``end_layer``, the
       decode pool with every layer and, when decode runs a draft model, a draft pool whose
       pointers are appended, as ``_init_kv_manager`` in ``disaggregation/{prefill,decode}.py``
       does;
@@ -587,7 +589,7 @@ def _live_family(family: str, model: ModelFacts, prefill: RoleFacts, decode: Rol
         )
         return _FamilyOutcome([(Status.WARN, evidence)], summary=f"{kind}: no NPU pool class")
     kv_args_class, manager_class = kv_classes()
-    ranges, split_at = liveprocess.in_role(prefill, lambda: stage_ranges(model.num_layers, prefill.pp_size))
+    ranges, split_at = processstate.in_role(prefill, lambda: stage_ranges(model.num_layers, prefill.pp_size))
     stages = ", ".join(f"{start}-{end - 1}" for start, end in ranges)
     outcome = _FamilyOutcome(
         notes=[
@@ -658,7 +660,7 @@ class _StageProbe:
 
     def side(self, role: RoleFacts, layers: tuple[int, int], draft_layers: int, stage: int):
         """One role's pools and kv_args, built in the role's environment."""
-        built = liveprocess.in_role(
+        built = processstate.in_role(
             role,
             lambda: build_side(self.cls, self.model, role, layers, draft_layers, self.kv_args_class, stage),
         )

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import ast
 
-from npudoctor.check import Probe
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.engine.check import Probe
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 from . import arithmetic
 from .arithmetic import CannotEvaluate, Split

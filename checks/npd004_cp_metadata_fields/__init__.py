@@ -91,12 +91,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from npudoctor.check import Check, Probe
-from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
-from npudoctor.facts import AttentionKind, Facts, RoleFacts, role_facts
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import FunctionRef, SourceTree
-from npudoctor.target import Target
+from npudoctor.engine.check import Check, Probe
+from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
+from npudoctor.deployment.facts import AttentionKind, Facts, RoleFacts, role_facts
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.source import FunctionRef, SourceTree
+from npudoctor.target.discovery import Target
 
 if TYPE_CHECKING:
     from .static import PathScope

@@ -36,20 +36,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from npudoctor import liveprocess
-from npudoctor.check import Probe
-from npudoctor.dataflow import calls_to, enclosing_tests, functions_named
-from npudoctor.facts import ModelFacts, RoleFacts
-from npudoctor.lazy import lazy_module
-from npudoctor.liveprocess import (
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
+from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.engine.lazy import lazy_module
+from npudoctor.live.processstate import (
     dataclass_instance,
     environment,
     published_server_args,
     unpublished_parallel_name,
     with_parallel,
 )
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import FunctionRef, SourceTree
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.source import FunctionRef, SourceTree
 
 from .static import cp_strategy_name
 
@@ -377,7 +377,7 @@ def import_modules() -> None:
     NPU runtime of the probes (``torch.npu``) must not be there yet. A preparation module
     that fails to import is recorded in ``IMPORT_ERRORS`` and reported by the probe; the
     backend module must import."""
-    tree = liveprocess.imported_tree()
+    tree = processstate.imported_tree()
     if tree.module_path(BACKEND_MODULE) is not None:
         importlib.import_module(BACKEND_MODULE)
     everyone = _model_preparations(tree, None, every_model=True) + _strategy_preparations(tree)

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudoctor.check import Probe
-from npudoctor.dataflow import (
+from npudoctor.engine.check import Probe
+from npudoctor.static.dataflow import (
     aliases,
     annotation_classes,
     annotation_names,
@@ -46,9 +46,9 @@ from npudoctor.dataflow import (
     self_attribute_classes,
     subclasses,
 )
-from npudoctor.facts import RoleFacts
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.deployment.facts import RoleFacts
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 # The legacy --prefill-cp-mode values and the CP strategies they select
 # (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
@@ -168,7 +168,7 @@ def probe(
 
 
 # ----- which readers run for the deployment --------------------------------------------------
-# Attention families of a deployment, as npudoctor.facts.AttentionKind names them (MHA and GQA share one path).
+# Attention families of a deployment, as npudoctor.deployment.facts.AttentionKind names them (MHA and GQA share one path).
 MHA, MLA, MLA_INDEXER = "mha", "mla", "mla+indexer"
 FAMILIES = (MHA, MLA, MLA_INDEXER)
 # NPU files: the readers of CP metadata on the Ascend prefill path live there.
@@ -198,7 +198,7 @@ def npu_readers(tree: SourceTree) -> list[FunctionRef]:
     """Every NPU function (module-level or method) that names a CP metadata field of the batch or
     asks for the CP strategy: the entries of the NPU CP prefill path (attention backend CP
     functions, the KV all-gather/save helper, the MLA/DSA CP code, the NPU indexer)."""
-    from npudoctor.dataflow import functions_in
+    from npudoctor.static.dataflow import functions_in
 
     metadata = MetadataModel.find(tree)
     needles = (

@@ -51,7 +51,7 @@ list in npudoctor.
   runs a retraction: the scheduler calls the allocator the decode role builds on Ascend
   (the NPU paged allocator; ``SWATokenToKVPoolAllocator`` for sliding-window models);
   that allocator calls the pool it holds: the NPU pool class of the model's attention
-  family (``npudoctor.pools.npu_pool_classes``), or for hybrid linear-attention and
+  family (``npudoctor.static.poolclasses.npu_pool_classes``), or for hybrid linear-attention and
   sliding-window models the composite (``HybridLinearKVPool``, ``SWAKVPool``) whose
   attribute calls then reach the NPU pool; ``super()`` calls stay on their level. A
   binding failure is a ``fail`` when a call made on the path reaches the override on the
@@ -100,11 +100,11 @@ recognised gives ``warn``, never a silent ``pass``.
 
 from __future__ import annotations
 
-from npudoctor.check import Check, Probe
-from npudoctor.facts import Facts
-from npudoctor.pools import offload_scope
-from npudoctor.results import Status
-from npudoctor.target import Target
+from npudoctor.engine.check import Check, Probe
+from npudoctor.deployment.facts import Facts
+from npudoctor.static.poolclasses import offload_scope
+from npudoctor.engine.results import Status
+from npudoctor.target.discovery import Target
 
 
 class OffloadSignatures(Check):

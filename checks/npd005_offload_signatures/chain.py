@@ -28,10 +28,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from npudoctor.pools import OFFLOAD_METHODS
-from npudoctor.results import Evidence, Location
-from npudoctor.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
-from npudoctor.source import ClassInfo, FunctionRef
+from npudoctor.static.poolclasses import OFFLOAD_METHODS
+from npudoctor.engine.results import Evidence, Location
+from npudoctor.static.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
+from npudoctor.static.source import ClassInfo, FunctionRef
 
 ENTRY, ALLOC, POOL, SUB, MAMBA = "scheduler", "allocator", "pool", "sub-pool", "mamba pool"
 # How many calls deep below the scheduler's offload functions the walk follows.

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npudoctor import liveprocess
-from npudoctor.check import Probe
-from npudoctor.facts import Facts, ModelFacts, RoleFacts
-from npudoctor.livepools import CannotBuild, construct
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.signatures import names_read
-from npudoctor.source import ClassInfo, SourceTree
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import Facts, ModelFacts, RoleFacts
+from npudoctor.live.livepools import CannotBuild, construct
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.signatures import names_read
+from npudoctor.static.source import ClassInfo, SourceTree
 
 from .chain import Chain, bind_live, chain_evidence, chain_finding, edge_location, walk
 from .static import ALLOCATOR, OFFLOAD_METHODS, _describe, _Finding, _OffloadGraph, _Path, _Site
@@ -195,7 +195,7 @@ def build_hybrid_linear_pool(cls: type, npu_cls: type, model: ModelFacts | None,
     in (``full_kv_pool=``, 0.5.2x) or put in its place."""
     import dataclasses
 
-    from npudoctor.livepools import build_pool
+    from npudoctor.live.livepools import build_pool
 
     config = model_config(model)
     cache_params = _with_attention_tp(role.tp_size, lambda: config.mamba2_cache_params)
@@ -271,7 +271,7 @@ def _with_attention_tp(tp_size: int, read: Callable[[], Any]) -> Any:
     if saved is not None:
         module.get_attention_tp_size = lambda: tp_size
     try:
-        return liveprocess.with_parallel(read, default=functools.partial(_parallel_value, tp_size=tp_size))
+        return processstate.with_parallel(read, default=functools.partial(_parallel_value, tp_size=tp_size))
     except Exception as error:
         raise CannotBuild(
             f"the model's mamba state shape needs sglang's parallel state: {type(error).__name__}: {error}"
@@ -287,7 +287,7 @@ def _parallel_value(name: str, tp_size: int) -> Any:
         return tp_size
     if name.startswith(("enable_", "use_")):
         return False
-    return liveprocess.single_rank(name)
+    return processstate.single_rank(name)
 
 
 def mamba_slot(pool: Any) -> Any:
@@ -475,7 +475,7 @@ class SlotSnapshot:
         """(key, a view whose first dimension is the slot, the slots) for every buffer below ``root``."""
         import torch
 
-        from npudoctor.livepools import kv_buffers, token_rows
+        from npudoctor.live.livepools import kv_buffers, token_rows
 
         mamba = None if self.mamba_slot is None else torch.tensor([int(self.mamba_slot)])
         for obj in offload_objects(root):
@@ -594,7 +594,7 @@ class _LiveProbe:
         for allocator, top, sub in self._scenarios(path):
             chain = " -> ".join(c.name for c in (allocator, top, sub) if c is not None)
             chains.append(chain)
-            outcome = liveprocess.in_role(
+            outcome = processstate.in_role(
                 self.role, lambda a=allocator, t=top, s=sub: self._scenario(a, t, s)
             )
             findings += outcome[0]
@@ -672,7 +672,7 @@ class _LiveProbe:
     def _scenario(
         self, allocator_info: ClassInfo, top_info: ClassInfo, sub_info: ClassInfo | None
     ) -> tuple[list[_Finding], list[Evidence], list[Evidence]]:
-        from npudoctor import livepools
+        from npudoctor.live import livepools
 
         try:
             top = self._build_pool(top_info, sub_info)
@@ -696,7 +696,7 @@ class _LiveProbe:
         return findings, passed, notes
 
     def _build_pool(self, top: ClassInfo, sub: ClassInfo | None) -> Any:
-        from npudoctor import livepools
+        from npudoctor.live import livepools
 
         if sub is not None:
             return self._build_composite(top, sub)
@@ -705,7 +705,7 @@ class _LiveProbe:
     def _build_composite(self, top: ClassInfo, sub: ClassInfo) -> Any:
         """The composite pool with the NPU pool below it; only the hybrid linear-attention pool
         (mamba state beside full-attention KV) is built on CPU so far."""
-        from npudoctor import livepools
+        from npudoctor.live import livepools
 
         cls, npu = _live_class(top), _live_class(sub)
         if "mamba_pool" in inspect.signature(cls.__init__).parameters:
@@ -1026,10 +1026,10 @@ def _keyword_value(name: str, expression: str, mamba_index: Any) -> tuple[Any, s
 
 def import_path_modules() -> None:
     """NPD005's ``live_imports``: the modules of the static path's classes, for any deployment."""
-    from npudoctor import livepools
+    from npudoctor.live import livepools
 
     livepools.import_pool_modules()
-    graph = _graph(liveprocess.imported_tree())
+    graph = _graph(processstate.imported_tree())
     for sliding, hybrid in ((False, False), (True, True)):
         for cls in graph.path(["mla", "mha"], sliding, hybrid).classes():
             importlib.import_module(cls.module)

@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudoctor.check import Probe
-from npudoctor.pools import OFFLOAD_METHODS, npu_pool_classes
-from npudoctor.results import Evidence, Location, Status
-from npudoctor.signatures import (
+from npudoctor.engine.check import Probe
+from npudoctor.static.poolclasses import OFFLOAD_METHODS, npu_pool_classes
+from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.static.signatures import (
     CallShape,
     ScopedCall,
     accepts_keyword,
@@ -30,7 +30,7 @@ from npudoctor.signatures import (
     self_attribute,
     signature_text,
 )
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 from .chain import Chain, chain_evidence, chain_finding, walk
 

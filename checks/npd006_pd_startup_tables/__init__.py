@@ -32,11 +32,11 @@ buffers; an exception in sglang's code is ``fail`` at the raising frame.
 
 from __future__ import annotations
 
-from npudoctor.check import Check, Probe
-from npudoctor.facts import ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
-from npudoctor.pools import pool_family
-from npudoctor.results import Status
-from npudoctor.target import Target
+from npudoctor.engine.check import Check, Probe
+from npudoctor.deployment.facts import ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.static.poolclasses import pool_family
+from npudoctor.engine.results import Status
+from npudoctor.target.discovery import Target
 
 from .verdict import Kind
 
@@ -91,7 +91,7 @@ class StartupTransferTables(Check):
     )
 
     def live_imports(self) -> None:
-        from npudoctor import livepools  # live only: never loaded at static depth
+        from npudoctor.live import livepools  # live only: never loaded at static depth
 
         from . import live as live_module
 

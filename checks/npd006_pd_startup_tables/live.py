@@ -11,11 +11,13 @@ import traceback
 import types
 from typing import Any
 
-from npudoctor import kvargs, livepools, liveprocess
-from npudoctor.check import Probe
-from npudoctor.facts import ModelFacts, RoleFacts
-from npudoctor.livecode import code_location, raising_location, relative
-from npudoctor.results import Evidence
+from npudoctor.live import kvargs
+from npudoctor.live import livepools
+from npudoctor.live import processstate
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.live.locations import code_location, raising_location, relative
+from npudoctor.engine.results import Evidence
 
 from .verdict import TABLES, Kind, verdict
 
@@ -28,7 +30,7 @@ def import_table_modules() -> None:
     ``setup_state_kv_args`` (0.5.12+). Older releases fill the tables in ``_init_kv_manager``
     from the pool alone; the probe needs neither module there, and their imports reach far
     (``server_args`` and, on 0.5.4, a pydantic schema over a stood-in ``xgrammar``)."""
-    utils = liveprocess.imported_tree().module_path(UTILS_MODULE)
+    utils = processstate.imported_tree().module_path(UTILS_MODULE)
     if utils is not None and b"def setup_state_kv_args(" in utils.read_bytes():
         importlib.import_module(BASE_MODULE)
         importlib.import_module(UTILS_MODULE)
@@ -66,7 +68,7 @@ def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str
             for role in roles:
                 label = f"{cls.__name__} ({kind.label}; {role.name})"
                 try:
-                    outcome, item = liveprocess.in_role(
+                    outcome, item = processstate.in_role(
                         role,
                         lambda cls=cls, role=role, kind=kind: _role_tables(cls, kind, role, args_class),
                     )
@@ -96,7 +98,7 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
     except livepools.CannotBuild as reason:
         return "unknown", Evidence(expected, str(reason), code_location(cls, "__init__"))
     except Exception as error:  # sglang's constructor raised: before the tables, outside the property
-        if raising_location(error) is None or liveprocess.unpublished_parallel_name(error) is not None:
+        if raising_location(error) is None or processstate.unpublished_parallel_name(error) is not None:
             raise  # npudoctor's own bug, or a parallel width liveprocess.in_role sets and retries with
         return "unknown", Evidence(
             expected, f"the pool could not be built on CPU: {_raised(error)}", raising_location(error)
@@ -110,9 +112,9 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
     try:
         kv_args = assemble_kv_args(args_class, pool, draft, model, role)
     except Exception as error:
-        if raising_location(error) is None or liveprocess.unpublished_parallel_name(error) is not None:
+        if raising_location(error) is None or processstate.unpublished_parallel_name(error) is not None:
             raise  # npudoctor's own bug (an error result), or a parallel width in_role sets and retries with
-        if liveprocess.needs_process_state(error) or "not published" in str(error):
+        if processstate.needs_process_state(error) or "not published" in str(error):
             return "unknown", Evidence(
                 expected,
                 f"{type(error).__name__}: {error}: scheduler-process state the probe does not set up",
@@ -140,7 +142,7 @@ def _raised(error: BaseException) -> str:
 
 
 def assemble_kv_args(args_class: type, pool: Any, draft_pool: Any, model: ModelFacts, role: RoleFacts) -> Any:
-    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.kvargs``), state tables included,
+    """``kv_args`` as ``_init_kv_manager`` fills them (``npudoctor.live.kvargs``), state tables included,
     without NPD003's workaround: here an exception of sglang's is the finding.
 
     With ``setup_state_kv_args`` (0.5.12+) the release's own producer fills the state tables;

@@ -1,7 +1,7 @@
 """NPD006 static probe: run each NPU pool class's construction and the table builders sglang's PD
 start-up calls on it (``get_contiguous_buf_infos`` always, ``get_state_buf_infos`` where the
 release's ``_init_kv_manager``/``setup_state_kv_args`` calls it and the class has it) on symbols
-(``npudoctor.shapes``), with the deployment's pool parameters (``index_head_dim`` None without the
+(``npudoctor.static.shapes``), with the deployment's pool parameters (``index_head_dim`` None without the
 NSA indexer) and the role's environment, and require that no builder reads a buffer attribute that
 construction left ``None`` for this deployment (indexing or iterating it raises ``TypeError`` at
 start-up).
@@ -12,12 +12,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from npudoctor.check import Probe
-from npudoctor.facts import RoleFacts
-from npudoctor.pools import no_npu_pool, npu_pool_classes
-from npudoctor.results import Evidence, Location
-from npudoctor.shapes import LayoutEvaluator, Sym
-from npudoctor.source import ClassInfo, FunctionRef, SourceTree, is_self
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import RoleFacts
+from npudoctor.static.poolclasses import no_npu_pool, npu_pool_classes
+from npudoctor.engine.results import Evidence, Location
+from npudoctor.static.shapes import LayoutEvaluator, Sym
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree, is_self
 
 from .verdict import TABLES, Kind, verdict
 

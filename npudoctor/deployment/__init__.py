@@ -1,0 +1,1 @@
+"""The deployment: parsing, facts, launch command, server arguments."""

@@ -1,0 +1,249 @@
+"""Turn the user's description of a deployment into ``Facts``.
+
+Three inputs, one result: a YAML file (``--config``), a real launch command
+(``npudoctor check -- python -m sglang.launch_server ...``), or ``--model-path`` with a
+few flags. Files are read with ``yaml.safe_load`` / ``json.load`` only; nothing in a
+model directory is ever executed. Every error names the file and field.
+
+One environment rule for the three: a role's environment is ``shell`` (the caller's variables
+that change sglang's code paths, ``shell_env()``; the CLI passes ``{}`` with ``--isolated``),
+overridden by what the description sets (YAML ``env:``/role ``env:``, ``--env``, a ``NAME=value``
+prefix of the launch command). ``Facts.env_from_shell`` names what came from the shell, so a
+report says why ``ASCEND_USE_FIA`` is on. With no description nothing is read: every check assumes
+the conditions under which its defect bites.
+
+YAML shape::
+
+    model: {config: path/to/config.json}    # or {path: model_dir} or {hf_config: {...}}
+    env: {ASCEND_USE_FIA: "1"}              # shared by all roles
+    roles:
+      prefill: {server_args: {pp_size: 2, disaggregation_mode: prefill}}
+      decode:  {args: ["--disaggregation-mode", "decode"], env: {...}}
+    ignore:
+      - {id: NPD003, until: 2026-12-31, reason: "PP transfer fixed by our image patch"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from npudoctor.engine.errors import InputError
+from npudoctor.deployment.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
+from npudoctor.engine.ignores import Ignore, parse_yaml
+from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
+
+# Environment variables that change sglang's code paths on Ascend; read from the
+# caller's environment for every form of deployment (``shell_env``).
+_CODE_PATH_ENV_PREFIXES = ("ASCEND_", "SGLANG_", "HCCL_", "PYTORCH_NPU_", "TASK_QUEUE_")
+
+_YAML_KEYS = {"model", "env", "roles", "ignore"}
+_ROLE_KEYS = {"server_args", "args", "env"}
+_MODEL_KEYS = {"config", "path", "hf_config"}
+
+
+@dataclass
+class Deployment:
+    facts: Facts
+    ignores: list[Ignore] = field(default_factory=list)
+
+
+def shell_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that change sglang's code paths."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(_CODE_PATH_ENV_PREFIXES)}
+
+
+def from_yaml(path: Path, shell: Mapping[str, str] | None = None) -> Deployment:
+    where = str(path)
+    data = _load_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: top level must be a mapping with model/env/roles")
+    _reject_unknown(data, _YAML_KEYS, where)
+    base = path.parent
+    model = _model_from_yaml(data.get("model"), base, f"{where}: model")
+    shared_env = _env_mapping(data.get("env"), f"{where}: env")
+    roles_data = data.get("roles")
+    if roles_data is None:
+        roles_data = {"server": {}}
+    if not isinstance(roles_data, dict) or not roles_data:
+        raise InputError(f"{where}: roles must be a mapping of role name to {{server_args|args, env}}")
+    roles = []
+    taken: set[str] = set()  # the shell's variables a role took, not set by the file
+    for name, spec in roles_data.items():
+        role_where = f"{where}: roles.{name}"
+        spec = spec or {}
+        if not isinstance(spec, dict):
+            raise InputError(f"{role_where}: must be a mapping with server_args, args or env")
+        _reject_unknown(spec, _ROLE_KEYS, role_where)
+        server_args = spec.get("server_args") or {}
+        if not isinstance(server_args, dict):
+            raise InputError(f"{role_where}.server_args: must be a mapping of ServerArgs fields")
+        unknown: list[str] = []
+        given = [GivenArgument("field", str(key), f"{role_where}.server_args") for key in server_args]
+        if spec.get("args") is not None:
+            args = spec["args"]
+            if isinstance(args, str):
+                args = args.split()
+            if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+                raise InputError(f"{role_where}.args: must be a list of command-line words")
+            words = [str(a) for a in args]
+            parsed, unknown = _parse_args(words, f"{role_where}.args")
+            server_args = {**parsed, **server_args}
+            given += [GivenArgument("flag", flag, f"{role_where}.args") for flag in flag_names(words)]
+        own = {**shared_env, **_env_mapping(spec.get("env"), f"{role_where}.env")}
+        env = {**(shell or {}), **own}
+        roles.append(role_facts(str(name), server_args, env, model, tuple(unknown), role_where, tuple(given)))
+        taken |= set(shell or {}) - set(own)
+    ignores = parse_yaml(data.get("ignore"), where)
+    facts = Facts(model=model, roles=tuple(roles), source=f"yaml:{path}", env_from_shell=tuple(sorted(taken)))
+    return Deployment(facts, ignores)
+
+
+def from_command(argv: list[str], parser=None, shell: Mapping[str, str] | None = None) -> Deployment:
+    """A deployment from one real launch command: one role, its env the ``NAME=value`` prefix."""
+    command = parse_command(argv, parser)
+    env = {**(shell or {}), **command.env}
+    model = None
+    model_path = command.server_args.get("model_path")
+    if model_path:
+        model = model_from_dir(Path(str(model_path)), "launch command: --model-path")
+    mode = str(command.server_args.get("disaggregation_mode") or "null")
+    name = mode if mode in ("prefill", "decode") else "server"
+    given = tuple(GivenArgument("flag", flag, "launch command") for flag in command.flags)
+    role = role_facts(
+        name, command.server_args, env, model, tuple(command.unknown_args), "launch command", given
+    )
+    return Deployment(
+        Facts(model=model, roles=(role,), source="command", env_from_shell=_taken(shell, command.env))
+    )
+
+
+def from_flags(
+    model_path: Path | None,
+    server_args: dict[str, Any],
+    env: dict[str, str],
+    shell: Mapping[str, str] | None = None,
+) -> Deployment:
+    """A deployment from ``--model-path`` and the few server flags ``check`` takes."""
+    model = model_from_dir(model_path, "--model-path") if model_path else None
+    mode = str(server_args.get("disaggregation_mode") or "null")
+    name = mode if mode in ("prefill", "decode") else "server"
+    given = tuple(GivenArgument("field", key, "flags") for key in server_args)
+    role = role_facts(name, server_args, {**(shell or {}), **env}, model, (), "flags", given)
+    return Deployment(Facts(model=model, roles=(role,), source="flags", env_from_shell=_taken(shell, env)))
+
+
+def _taken(shell: Mapping[str, str] | None, own: Mapping[str, str]) -> tuple[str, ...]:
+    """The names of the shell's variables that the description does not set itself."""
+    return tuple(sorted(set(shell or {}) - set(own)))
+
+
+def no_deployment() -> Deployment:
+    return Deployment(NO_DEPLOYMENT)
+
+
+def model_from_dir(path: Path, where: str) -> ModelFacts:
+    if path.is_file() and path.suffix == ".json":
+        return model_from_config_file(path)
+    if not path.is_dir():
+        raise InputError(
+            f"{where} {path}: not a local model directory (npudoctor reads its config.json; "
+            "hub ids are not fetched)"
+        )
+    return model_from_config_file(path / "config.json")
+
+
+def model_from_config_file(path: Path) -> ModelFacts:
+    if not path.is_file():
+        raise InputError(f"{path}: no such model config file")
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            config = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read ({error})") from None
+    except (ValueError, RecursionError) as error:  # a number too long to convert, nesting too deep
+        raise InputError(f"{path}: not a model config npudoctor can read ({_first_line(error)})") from None
+    return ModelFacts.from_hf_config(config, str(path))
+
+
+def _model_from_yaml(spec: Any, base: Path, where: str) -> ModelFacts | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or len(set(spec) & _MODEL_KEYS) != 1:
+        raise InputError(f"{where}: give exactly one of config (config.json), path (model dir) or hf_config")
+    _reject_unknown(spec, _MODEL_KEYS, where)
+    if "hf_config" in spec:
+        return ModelFacts.from_hf_config(spec["hf_config"], f"{where}.hf_config")
+    key = "config" if "config" in spec else "path"
+    value = spec[key]
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{where}.{key}: must be a path")
+    resolved = (base / value) if not os.path.isabs(value) else Path(value)
+    if key == "config":
+        return model_from_config_file(resolved)
+    return model_from_dir(resolved, f"{where}.path")
+
+
+def _parse_args(args: list[str], where: str):
+    try:
+        return parse_arguments(args)
+    except InputError as error:
+        raise InputError(f"{where}: {str(error).removeprefix('launch command: ')}") from None
+
+
+def _load_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise InputError(f"{path}: no such deployment file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "malformed YAML"
+        raise InputError(f"{path}: invalid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: cannot read ({error})") from None
+    except (ValueError, OverflowError, RecursionError) as error:
+        # what safe_load's constructors raise beside YAMLError: a date like 2026-13-45, a number too
+        # long to convert, nesting deeper than the parser recurses
+        raise InputError(f"{path}: invalid YAML: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def _env_mapping(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: must be a mapping of NAME: value")
+    env = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise InputError(f"{where}: variable names must be text, got {key!r}")
+        if isinstance(item, (dict, list)):
+            raise InputError(f"{where}.{key}: must be a single value")
+        env[key] = "" if item is None else (str(item).lower() if isinstance(item, bool) else str(item))
+    return env
+
+
+def _reject_unknown(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = [str(k) for k in data if k not in allowed]
+    if unknown:
+        raise InputError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(allowed))})"
+        )

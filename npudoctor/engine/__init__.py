@@ -1,0 +1,1 @@
+"""The check model, the one verdict, running checks, the registry."""

@@ -1,0 +1,347 @@
+"""``npudoctor advise``: which sglang release to run for this deployment.
+
+An operator on a pinned image asks two things after a finding: what does the release we run
+need until we move, and which release should we move to? ``advise`` checks a range of real
+releases for the one deployment (the verdicts ``check`` gives, from the same ``runner.run``)
+and answers from the matrix:
+
+* the baseline (the installed release, else the first one asked for): its findings, and the
+  runtime fixes that cure them now (the decisions ``npudoctor fix`` would make);
+* the earliest release at or after the baseline with no finding for this deployment;
+* regressions: a check that is a finding in a release right after one where it was not (a
+  defect that comes back, or a new one): moving past the clean release brings it in.
+
+Releases come from the release cache (``npudoctor.target.releases``), fetched as wheels with ``pip
+download --no-deps`` or unpacked from ``--wheel-dir`` (offline); a release that cannot be had
+is a row saying why. Up to ``jobs`` releases are checked at once (one per core by default): at
+the static depth in worker processes, at ``auto``/``live`` each with its own live child; the
+static-result cache (``npudoctor.target.resultcache``) makes a second run over the same releases cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npudoctor.target import releases
+from npudoctor.engine.errors import ExitCode, InputError, NoTargetError
+from npudoctor.engine.results import Report, Status
+from npudoctor.engine.runner import CheckRequest, run
+from npudoctor.target.discovery import discover
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One release (or tree) to check: where its source is, or why it cannot be had."""
+
+    label: str  # the version, or the path for a tree without one
+    version: str | None
+    tree: Path | None = None  # the directory holding sglang/; None: a release to fetch, or the installed one
+    installed: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    subject: Subject
+    report: Report | None = None
+    error: str | None = None  # why this release has no report (not fetched, not checkable)
+    seconds: float = 0.0
+    tree: Path | None = None  # where the checked source is (None: the installed sglang)
+
+    @property
+    def findings(self) -> list[str]:
+        return [r.id for r in self.report.findings()] if self.report is not None else []
+
+
+@dataclass(frozen=True)
+class Regression:
+    check_id: str
+    release: str  # where the finding is back
+    clean_in: str  # the nearest earlier checked release where it was not a finding
+
+
+@dataclass(frozen=True)
+class Cure:
+    check_id: str
+    action: str  # the ``npudoctor fix`` decision on the baseline: apply, refused, not needed
+    reason: str
+    safety: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    baseline: str | None  # the label of the installed (or first) release; None: nothing was selected
+    baseline_findings: tuple[str, ...]
+    cures: tuple[Cure, ...]
+    earliest_clean: str | None  # at or after the baseline
+    regressions: tuple[Regression, ...]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Advice:
+    rows: tuple[Row, ...]
+    recommendation: Recommendation
+    check_ids: tuple[str, ...]
+    depth: str
+    fail_on: str
+    notes: tuple[str, ...] = ()  # e.g. the release list is an older copy
+    fix_args: tuple[str, ...] = ()  # the user's deployment options, for the commands the advice names
+
+    @property
+    def baseline_row(self) -> Row | None:
+        """The first row: the installed release, else the first asked for."""
+        return self.rows[0] if self.rows else None
+
+    def to_dict(self, tool_version: str) -> dict:
+        first = next((r.report for r in self.rows if r.report is not None), None)
+        return {
+            "schema_version": "1",
+            "tool": {"name": "npudoctor", "version": tool_version},
+            "deployment": first.deployment if first is not None else None,
+            "depth": self.depth,
+            "fail_on": self.fail_on,
+            "checks": list(self.check_ids),
+            "notes": list(self.notes),
+            "releases": [
+                {
+                    "release": row.subject.label,
+                    "version": row.subject.version,
+                    "installed": row.subject.installed,
+                    "error": row.error,
+                    "seconds": round(row.seconds, 2),
+                    "report": row.report.to_dict() if row.report is not None else None,
+                }
+                for row in self.rows
+            ],
+            "recommendation": self.recommendation.to_dict(),
+        }
+
+
+@dataclass
+class AdviseRequest:
+    check: CheckRequest  # the deployment, checks, depth, --fail-on and --ignore, as `check` takes them
+    releases: str | None = None  # "A..B", "A..", "A,B,C" or "A"
+    wheel_dir: Path | None = None
+    sglang_paths: list[Path] = field(default_factory=list)
+    cache: Path | None = None
+    jobs: int = 0  # releases checked at once; 0: one per core
+
+
+def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | None = None) -> Advice:
+    """Check every subject of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
+    cache = request.cache or releases.user_cache_dir()
+    subjects, notes = select_subjects(request, cache)
+    jobs = min(request.jobs or os.cpu_count() or 1, len(subjects))
+    work = [(subject, request.check, cache, request.wheel_dir) for subject in subjects]
+    rows: list[Row] = []
+
+    def finished(row: Row) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(len(rows), len(subjects), row)
+
+    if jobs <= 1:
+        for item in work:
+            finished(_check(*item))
+    else:
+        # static: parsing is CPU work under the GIL, so one process per core (a fresh interpreter:
+        # spawned, never forked from a process that may hold threads); auto/live: threads, each
+        # live check runs in a child of its own anyway
+        if request.check.depth == "static":
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        else:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+        with pool:
+            for future in [pool.submit(_check, *item) for item in work]:  # reported in the releases' order
+                finished(future.result())
+    check_ids = tuple(dict.fromkeys(r.id for row in rows if row.report for r in row.report.results))
+    return Advice(
+        rows=tuple(rows),
+        recommendation=recommend(rows),
+        check_ids=check_ids,
+        depth=request.check.depth,
+        fail_on=request.check.fail_on,
+        notes=tuple(notes),
+        fix_args=tuple(request.check.repeated_args()),
+    )
+
+
+def _check(subject: Subject, check: CheckRequest, cache: Path, wheel_dir: Path | None) -> Row:
+    """One row: fetch the release if needed, then the report ``npudoctor check`` gives for it."""
+    started = time.perf_counter()
+    if subject.error is not None:
+        return Row(subject, error=subject.error)
+    tree = subject.tree
+    if tree is None and not subject.installed:
+        try:
+            tree = releases.fetch(subject.version or subject.label, cache, wheel_dir)
+        except releases.FetchError as error:
+            return Row(subject, error=str(error), seconds=time.perf_counter() - started)
+    try:
+        report = run(dataclasses.replace(check, sglang_path=tree))
+    except NoTargetError as error:
+        return Row(subject, error=str(error), seconds=time.perf_counter() - started)
+    return Row(subject, report, seconds=time.perf_counter() - started, tree=tree)
+
+
+def select_subjects(request: AdviseRequest, cache: Path) -> tuple[list[Subject], list[str]]:
+    """The releases and trees to check, the baseline first; and notes on how they were chosen."""
+    subjects = [_path_subject(p) for p in request.sglang_paths]
+    notes: list[str] = []
+    if request.releases is None and request.wheel_dir is None and subjects:
+        return subjects, notes
+    if request.wheel_dir is not None:
+        if not request.wheel_dir.is_dir():
+            raise InputError(f"--wheel-dir {request.wheel_dir}: no such directory")
+        available = releases.wheel_versions(request.wheel_dir)
+        if not available:
+            raise InputError(f"--wheel-dir {request.wheel_dir}: no sglang-*.whl in it")
+    else:
+        try:
+            available, note = releases.index_versions(cache)
+        except releases.FetchError as error:
+            raise InputError(f"{error}; give --wheel-dir DIR (offline) or --sglang-path") from None
+        if note:
+            notes.append(note)
+    if request.releases is not None:
+        wanted = _in_range(request.releases, available, request.wheel_dir is None)
+    elif request.wheel_dir is not None:
+        wanted = [releases_subject(v) for v in available]  # every wheel there
+    else:
+        installed = _installed_subject()
+        if installed is None:
+            raise NoTargetError(
+                "no sglang installed here to start from: give --releases A..B, --wheel-dir DIR or --sglang-path"
+            )
+        if installed.version is None or not releases.is_final(installed.version):
+            start = None
+            notes.append(
+                f"the installed sglang's version {installed.version!r} is not a release: every release is checked"
+            )
+        else:
+            start = releases.version_key(installed.version)
+        wanted = [releases_subject(v) for v in available if start is None or releases.version_key(v) > start]
+        return [installed, *wanted], notes
+    return subjects + wanted, notes
+
+
+def releases_subject(version: str) -> Subject:
+    return Subject(label=version, version=version)
+
+
+def _in_range(spec: str, available: list[str], from_index: bool) -> list[Subject]:
+    """``A..B``, ``A..``, ``..B``, ``A,B,C`` or ``A``; a named release the index (or the wheel
+    directory) does not have is still a row, saying so."""
+    spec = spec.strip()
+    where = "on the package index" if from_index else "in --wheel-dir"
+    if ".." in spec:
+        low, _, high = spec.partition("..")
+        for bound in (low, high):
+            if bound and not releases.is_final(bound):
+                raise InputError(
+                    f"--releases {spec!r}: {bound!r} is not a release number (e.g. 0.5.9..0.5.23)"
+                )
+        lo = releases.version_key(low) if low else ()
+        hi = releases.version_key(high) if high else None
+        chosen = [
+            v
+            for v in available
+            if releases.version_key(v) >= lo and (hi is None or releases.version_key(v) <= hi)
+        ]
+        if not chosen:
+            raise InputError(f"--releases {spec!r}: no release {where} in that range")
+        return [releases_subject(v) for v in chosen]
+    named = [v.strip() for v in spec.split(",") if v.strip()]
+    if not named:
+        raise InputError("--releases: give A..B, A.., A,B,C or A")
+    subjects = []
+    for version in sorted(
+        dict.fromkeys(named), key=lambda v: releases.version_key(v) if releases.is_final(v) else ()
+    ):
+        if not releases.is_final(version):
+            raise InputError(f"--releases: {version!r} is not a release number (e.g. 0.5.12)")
+        error = None if version in available else f"sglang {version} is not {where}"
+        subjects.append(Subject(label=version, version=version, error=error))
+    return subjects
+
+
+def _path_subject(path: Path) -> Subject:
+    target = discover(path)  # an InputError for a path that is not an sglang tree
+    return Subject(label=target.version or str(path), version=target.version, tree=target.root)
+
+
+def _installed_subject() -> Subject | None:
+    try:
+        target = discover(None)
+    except NoTargetError:
+        return None
+    return Subject(label=target.version or str(target.package_dir), version=target.version, installed=True)
+
+
+def recommend(rows: list[Row]) -> Recommendation:
+    """The baseline is the first row (the installed release, else the first asked for)."""
+    if not rows:
+        return Recommendation(None, (), (), None, ())
+    baseline = rows[0]
+    checked = [row for row in rows if row.report is not None]
+    earliest = next((r.subject.label for r in checked if not r.findings), None)
+    return Recommendation(
+        baseline=baseline.subject.label,
+        baseline_findings=tuple(baseline.findings),
+        cures=tuple(_cures(baseline)) if baseline.report is not None else (),
+        earliest_clean=earliest,
+        regressions=tuple(_regressions(checked)),
+    )
+
+
+def _regressions(checked: list[Row]) -> list[Regression]:
+    """A check that is a finding in a release right after one where it was not."""
+    found = []
+    for earlier, later in zip(checked, checked[1:]):
+        before = set(earlier.findings)
+        before_ids = {r.id for r in earlier.report.results}
+        for check_id in later.findings:
+            if check_id not in before and check_id in before_ids:
+                found.append(Regression(check_id, later.subject.label, earlier.subject.label))
+    return found
+
+
+def _cures(baseline: Row) -> list[Cure]:
+    """What ``npudoctor fix`` decides for each of the baseline's findings that has a runtime fix."""
+    from npudoctor.patching.fixbase import all_fixes
+    from npudoctor.patching.planning import decisions
+
+    fixes = [f for f in all_fixes() if f.id in baseline.findings]
+    if not fixes:
+        return []
+    target = discover(baseline.tree)
+    try:
+        planned = decisions(fixes, target, list(baseline.report.results), allow_unsafe=True)
+    finally:
+        target.release()
+    return [Cure(p.fix.id, p.decision.action.value, p.decision.reason, p.fix.safety.value) for p in planned]
+
+
+def exit_status(advice: Advice) -> int:
+    """0: the baseline has no finding; 1: it has; 4: the baseline could not be checked."""
+    row = advice.baseline_row
+    if row is None or row.report is None:
+        return int(ExitCode.NOTHING_TO_CHECK)
+    return int(ExitCode.FINDINGS if row.report.findings() else ExitCode.OK)
+
+
+def cell(row: Row, check_id: str) -> Status | None:
+    """The status of ``check_id`` in ``row``'s report (None: no report, or the check did not run)."""
+    if row.report is None:
+        return None
+    return next((r.status for r in row.report.results if r.id == check_id), None)

@@ -1,0 +1,52 @@
+"""Discovery of the one-module-per-id registries (``npudoctor.checks``, ``npudoctor.fixes``)
+and selection by id, shared so both behave alike.
+
+A registry is named, not imported: its modules import the engine (``npudoctor.engine.check``,
+``npudoctor.patching.fixbase``), so the engine finds them by name at run time, the way plugins are found,
+and npudoctor's import graph stays free of cycles (``tests/test_import_graph.py``)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Iterator
+from typing import TypeVar
+
+from npudoctor.engine.errors import InputError
+
+T = TypeVar("T")
+
+
+def module_names(package: str, prefix: str = "") -> Iterator[str]:
+    """The full names of the modules and subpackages directly in ``package`` (not imported)
+    whose own name starts with ``prefix``."""
+    spec = importlib.util.find_spec(package)
+    for info in pkgutil.iter_modules(spec.submodule_search_locations or []):
+        if info.name.startswith(prefix):
+            yield f"{package}.{info.name}"
+
+
+def discover(package: str, attribute: str, kind: type[T]) -> list[T]:
+    """The ``attribute`` object (an instance of ``kind``) of every module in ``package``, by id."""
+    found: dict[str, T] = {}
+    for name in module_names(package):
+        module = importlib.import_module(name)
+        item = getattr(module, attribute, None)
+        if isinstance(item, kind):
+            if item.id in found:  # type: ignore[attr-defined]
+                raise RuntimeError(f"duplicate id {item.id} in {name}")  # type: ignore[attr-defined]
+            found[item.id] = item  # type: ignore[attr-defined]
+    return [found[key] for key in sorted(found)]
+
+
+def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
+    """``items`` whose id is in ``ids`` (all when empty), in the order given; unknown ids are an input error."""
+    if not ids:
+        return items
+    known = {item.id: item for item in items}  # type: ignore[attr-defined]
+    wanted = [i.strip().upper() for i in ids]
+    unknown = [i for i in wanted if i not in known]
+    if unknown:
+        raise InputError(f"{option}: unknown {noun} id(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    return [known[i] for i in dict.fromkeys(wanted)]

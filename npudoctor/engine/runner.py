@@ -1,0 +1,224 @@
+"""One ``npudoctor check`` run: target + deployment + selected checks -> ``Report``.
+
+The CLI only gathers options into a ``CheckRequest``; everything that decides a
+verdict or an exit code lives here, so tests and embedders get the same behaviour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from npudoctor import __version__
+from npudoctor.deployment import load
+from npudoctor.engine import ignores
+from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
+from npudoctor.engine.errors import InputError
+from npudoctor.engine.evaluate import evaluate, reuse
+from npudoctor.deployment.launch import sglang_parser
+from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
+from npudoctor.engine.registry import select
+from npudoctor.engine.results import Report, Status
+from npudoctor.deployment.serverargs import validate_arguments
+from npudoctor.target.discovery import discover, require_ascend_backend
+
+if TYPE_CHECKING:
+    from npudoctor.engine.progress import Progress
+
+
+@dataclass
+class CheckRequest:
+    config: Path | None = None
+    launch_command: list[str] = field(default_factory=list)
+    model_path: Path | None = None
+    server_flags: dict = field(default_factory=dict)
+    env_flags: list[str] = field(default_factory=list)
+    sglang_path: Path | None = None
+    depth: str = "auto"
+    select: list[str] = field(default_factory=list)
+    fail_on: str = "fail"
+    ignore: list[str] = field(default_factory=list)
+    today: dt.date = field(default_factory=dt.date.today)
+    with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
+    isolated: bool = False  # the shell's environment is not read (``deployment.shell_env``)
+
+    def repeated_args(self) -> list[str]:
+        """The user's own target and deployment options, for the commands a hint names
+        (``npudoctor fix --select NPD001 <these>``): a launch command goes last, after ``--``.
+        Secret values are redacted (``HF_TOKEN=***``, ``--api-key ***``), as everywhere in a report."""
+        args: list[str] = []
+        if self.sglang_path is not None:
+            args += ["--sglang-path", str(self.sglang_path)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        if self.model_path is not None:
+            args += ["--model-path", str(self.model_path)]
+            args += [f"--{key.replace('_', '-')}={value}" for key, value in self.server_flags.items()]
+            for pair in self.env_flags:
+                args += ["--env", pair]
+        if self.isolated:
+            args.append("--isolated")
+        if self.launch_command:
+            args += ["--", *self.launch_command]
+        return redact_argv(args)
+
+
+def run(request: CheckRequest, progress: Progress | None = None) -> Report:
+    """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map.
+    ``progress`` (``npudoctor.engine.progress``) is told each step: the start, the live import, each probe."""
+    checks = select_checks(request.select)
+    deploy = load_deployment(request)
+    entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
+    ignores.validate(entries, {c.id for c in all_checks()})
+    if request.with_fixes and request.depth == "static":
+        raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
+    fixes = _selected_fixes(request.with_fixes)
+    target = discover(request.sglang_path)
+    require_ascend_backend(target)
+    validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before any probe runs
+    facts = deploy.facts
+
+    say = progress.step if progress is not None else (lambda _text: None)
+    # the collector stays paused until the source is released: resumed with the ASTs still alive,
+    # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
+    with collector_paused(), progress or contextlib.nullcontext():
+        say(f"checking sglang {target.version} ({len(checks)} check(s), depth {request.depth})")
+        live_step = live_steps(say, target)
+        try:
+            if fixes:
+                # the fixes are decided from the verdicts on the installed code, as `npudoctor fix`
+                # decides them; then the live probes run again with the accepted ones in place
+                probed = checks + [f.check for f in fixes if f.check not in checks]
+                plain = evaluate(probed, target, facts, request.depth, on_step=live_step)
+                plan, refused = _fix_plan(fixes, target, plain.results)
+                if plan:
+                    say(f"live probes again, with the runtime fix(es) {', '.join(plan)}")
+                    evaluation = evaluate(checks, target, facts, request.depth, fixes=plan, declined=refused,
+                                          on_step=live_step)  # fmt: skip
+                else:  # nothing to run with: the plain live run's probes are the answer
+                    evaluation = reuse(plain, checks, target, facts, request.depth, declined=refused)
+            else:
+                evaluation = evaluate(checks, target, facts, request.depth, on_step=live_step)
+        finally:
+            target.release()  # the run is done with the source: reference counting frees the ASTs now
+
+    results = ignores.apply(evaluation.results, entries, request.today)
+    live_summary = _live_summary(evaluation.live)
+    if live_summary is not None and "reason" in live_summary:
+        live_summary["reason"] = redact_value(live_summary["reason"])
+    return Report(
+        target=target.info(),
+        deployment=facts.to_dict(),
+        results=tuple(redact_result(r) for r in results),
+        fail_on=Status(request.fail_on),
+        tool_version=__version__,
+        live=live_summary,
+        depth=request.depth,
+    )
+
+
+def live_steps(say, target) -> Callable[[str], None]:
+    """The live child's steps (``import``, then each probe's check id) as progress text."""
+    titles = {c.id: c.title for c in all_checks()}
+
+    def step(name: str) -> None:
+        if name == "import":
+            say(f"live probes: importing sglang {target.version} on CPU")
+        else:
+            say(f"live probe {name}: {titles.get(name, '')}")
+
+    return step
+
+
+def _selected_fixes(ids: list[str]) -> list:
+    if not ids:
+        return []
+    from npudoctor.patching.fixbase import all_fixes
+
+    return select(all_fixes(), ids, "fix", option="--with-fix")
+
+
+def _fix_plan(fixes, target, results) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
+    from npudoctor.patching.planning import Action, decisions
+
+    plan, refused = {}, {}
+    for planned in decisions(fixes, target, results, allow_unsafe=True):
+        decision = planned.decision
+        if decision.action is Action.APPLY:
+            plan[decision.fix_id] = decision.shape
+        else:
+            refused[decision.fix_id] = f"{decision.action.value}: {decision.reason}"
+    return plan, refused
+
+
+def _live_summary(outcome: LiveOutcome | None) -> dict | None:
+    if outcome is None:
+        return None
+    if outcome.unavailable:
+        return {"ran": False, "reason": outcome.unavailable}
+    return {
+        "ran": True,
+        "import_seconds": round(outcome.import_seconds, 2),
+        "probe_seconds": {check_id: round(t, 2) for check_id, t in outcome.probe_seconds.items()},
+        "import_rss_mb": round(outcome.import_rss_mb, 1),
+        "peak_rss_mb": round(outcome.peak_rss_mb, 1),
+        "stood_in": dict(
+            sorted(outcome.stood_in.items())
+        ),  # not installed here -> the check that imported it
+        "not_run": dict(sorted(outcome.not_run.items())),  # check id -> why its live probe did not run
+        "fixes": dict(sorted(outcome.fixes.items())),  # runtime fix id -> "applied" or why not (--with-fix)
+    }
+
+
+def select_checks(ids: list[str]) -> list[Check]:
+    return select(all_checks(), ids, "check")
+
+
+def load_deployment_from(config: Path | None) -> load.Deployment:
+    """The deployment of a YAML file with this process's environment under it, or none (every
+    check assumes its worst case): what an embedder (``npudoctor.fixes.apply``) describes."""
+    return load_deployment(CheckRequest(config=config))
+
+
+def load_deployment(request: CheckRequest) -> load.Deployment:
+    given = [
+        name
+        for name, present in (
+            ("--config", request.config is not None),
+            ("a launch command", bool(request.launch_command)),
+            ("--model-path", request.model_path is not None),
+        )
+        if present
+    ]
+    if len(given) > 1:
+        raise InputError(f"give one deployment description, not {' and '.join(given)}")
+    if (request.server_flags or request.env_flags) and request.model_path is None:
+        raise InputError("--disaggregation-mode/--pp-size/--tp-size/--page-size/--env go with --model-path")
+    shell = {} if request.isolated else load.shell_env()
+    if request.config is not None:
+        return load.from_yaml(request.config, shell)
+    if request.launch_command:
+        # sglang's own parser knows every flag of the installed release; it needs an import,
+        # so only when the run may import sglang at all and the target is the installed one.
+        may_import = request.depth != "static" and request.sglang_path is None
+        parser = sglang_parser() if may_import else None
+        return load.from_command(request.launch_command, parser, shell)
+    if request.model_path is not None:
+        env = _env_pairs(request.env_flags)
+        return load.from_flags(request.model_path, request.server_flags, env, shell)
+    return load.no_deployment()
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InputError(f"--env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return env

@@ -1,0 +1,1 @@
+"""The live depth: import the real sglang on CPU behind a small NPU simulation."""

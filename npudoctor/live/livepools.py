@@ -1,0 +1,156 @@
+"""Build the deployment's real sglang KV pools on CPU, small, for live probes.
+
+Pools are built through their real constructors with the deployment's dimensions
+(layers of the role's PP stage, KV heads per TP rank, head dims, MLA ranks, indexer dim,
+page size) and only a few pages, so a DeepSeek-V3-sized pool costs tens of MB. The
+constructor's signature decides which arguments are passed: releases add and rename
+parameters, and a required one npudoctor cannot fill is reported, not guessed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from typing import Any, TypeVar
+
+from npudoctor.live import processstate
+from npudoctor.static import poolclasses
+from npudoctor.engine.check import Probe
+from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.engine.lazy import lazy_module
+from npudoctor.static.poolclasses import GENERIC_POOL
+from npudoctor.engine.results import Status
+
+torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
+
+GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
+PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
+T = TypeVar("T")
+
+
+class CannotBuild(Exception):
+    """The pool's constructor needs something the deployment does not say."""
+
+
+def import_pool_modules() -> None:
+    """Import the generic pools and every module that holds an NPU pool class, found in the
+    imported sglang's source by what the classes are (``pools.npu_pool_classes``), not by path:
+    ``hardware_backend/npu/memory_pool_npu.py`` since 0.5.7, ``Ascend*`` classes in
+    ``mem_cache/memory_pool.py`` before."""
+    importlib.import_module(GENERIC_POOL_MODULE)
+    tree = processstate.imported_tree()
+    for family in GENERIC_POOL:
+        for cls in poolclasses.npu_pool_classes(tree, family):
+            importlib.import_module(cls.module)
+
+
+def npu_pool_classes(family: str) -> list[type]:
+    """Loaded subclasses of the generic pool of ``family`` that live in an NPU module or carry an
+    NPU/Ascend name; a class of an import attempt that failed halfway (not what its module now
+    holds) is not one."""
+    base = getattr(sys.modules[GENERIC_POOL_MODULE], GENERIC_POOL[family])
+    found, stack = [], list(base.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        npu = "npu" in cls.__module__ or cls.__name__.startswith(("NPU", "Ascend"))
+        if npu and getattr(sys.modules.get(cls.__module__), cls.__name__, None) is cls:
+            found.append(cls)
+    return sorted(set(found), key=lambda c: c.__name__)
+
+
+def no_pool_loaded(family: str, assumptions: tuple[str, ...], roles: tuple[str, ...]) -> Probe:
+    """A live probe's answer when sglang loaded no NPU pool class of ``family``: cannot tell."""
+    return Probe(
+        Status.WARN,
+        f"no NPU {family.upper()} pool class is loaded from sglang",
+        assumptions=assumptions,
+        roles=roles,
+    )
+
+
+def build_pool(
+    cls: type,
+    model: ModelFacts | None,
+    role: RoleFacts,
+    dtype: torch.dtype | None = None,
+    layers_range: tuple[int, int] | None = None,
+) -> Any:
+    """An instance of ``cls`` for this role, on CPU, ``PAGES`` pages large, in ``dtype`` (bfloat16).
+
+    ``layers_range`` is one PP stage's ``(start_layer, end_layer)``, end exclusive as sglang's
+    model runner passes ``model.end_layer``; by default the role's largest stage, from layer 0."""
+    dtype = dtype or torch.bfloat16
+    page_size = role.page_size
+    first, end = layers_range or (0, _stage_layers(model, role))
+    layers = end - first
+    heads = max(1, (model.num_kv_heads if model else 8) // max(1, role.tp_size)) if not _is_mla(model) else 1
+    known: dict[str, Any] = {
+        "size": PAGES * page_size,
+        "page_size": page_size,
+        "dtype": dtype,
+        "layer_num": layers,
+        "device": "cpu",
+        "enable_memory_saver": False,
+        "start_layer": first,
+        "end_layer": end if layers_range else layers - 1,
+        "head_num": heads,
+        "head_dim": model.head_dim if model else 128,
+        "v_head_dim": model.v_head_dim if model else 128,
+        "kv_lora_rank": (model.kv_lora_rank if model and model.kv_lora_rank else 512),
+        "qk_rope_head_dim": (model.qk_rope_head_dim if model and model.qk_rope_head_dim else 64),
+        "index_head_dim": model.index_head_dim if model else None,
+        "enable_alt_stream": False,
+        "enable_kv_cache_copy": False,
+    }
+    return construct(cls, known)
+
+
+def construct(cls: type, known: dict[str, Any]) -> Any:
+    """``cls(**known)`` restricted to the parameters its constructor has; a required one that
+    ``known`` lacks is reported (``CannotBuild``), never guessed. Releases add and rename
+    constructor parameters; the signature decides what is passed."""
+    kwargs = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in known:
+            kwargs[name] = known[name]
+        elif parameter.default is inspect.Parameter.empty:
+            raise CannotBuild(f"{cls.__name__}.__init__ needs {name!r}, which npudoctor cannot derive")
+    return cls(**kwargs)
+
+
+def kv_buffers(pool: Any) -> dict[str, list[torch.Tensor]]:
+    """Per-layer KV tensors of a pool by attribute name (k_buffer, v_buffer, index_k_buffer, ...)."""
+    found: dict[str, list[torch.Tensor]] = {}
+    for name, value in vars(pool).items():
+        if "buffer" not in name or name.startswith("_"):
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[0] == pool.layer_num:
+            found[name] = [value[i] for i in range(pool.layer_num)]
+        elif (
+            isinstance(value, (list, tuple))
+            and len(value) == pool.layer_num
+            and all(isinstance(t, torch.Tensor) for t in value)
+        ):
+            found[name] = list(value)
+    return found
+
+
+def token_rows(layer: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A per-layer buffer as ``(token slots, bytes-per-token)`` of raw bits, whatever its layout."""
+    raw = layer.view(torch.uint8) if layer.element_size() == 1 else layer.view(torch.int16)
+    if raw.numel() % tokens:
+        raise ValueError(f"a layer buffer of shape {tuple(layer.shape)} does not hold {tokens} token slots")
+    return raw.reshape(tokens, -1)
+
+
+def _is_mla(model: ModelFacts | None) -> bool:
+    return bool(model and model.attention.is_mla)
+
+
+def _stage_layers(model: ModelFacts | None, role: RoleFacts) -> int:
+    layers = model.num_layers if model else 4
+    return max(1, -(-layers // max(1, role.pp_size)))  # the largest PP stage

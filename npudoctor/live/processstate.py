@@ -1,0 +1,263 @@
+"""The process-global state of an sglang role process, set for a live probe and put back after.
+
+sglang's code reads more than its arguments: pools read ``ASCEND_USE_FIA`` from the environment
+at construction, 0.5.2x code asks a runtime parallel context for its widths and ranks, and
+0.5.11-0.5.15 code reads the scheduler's published ``ServerArgs``. A live probe runs that code in
+npudoctor's own process, so every check that does sets these the way the role's process has them,
+through the helpers here, and restores them afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import re
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.static.source import SourceTree
+
+RUNTIME_MODULE = "sglang.srt.runtime_context"
+SERVER_ARGS_MODULE = "sglang.srt.server_args"
+PROBE_MODEL_PATH = "npudoctor-live-probe"
+T = TypeVar("T")
+
+_MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
+_UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set; the previous values (or their absence) come back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def in_role(role: RoleFacts, probe: Callable[[], T]) -> T:
+    """Run ``probe`` as the role's process would: its environment variables set and, on releases
+    with a runtime parallel context, every parallel width the code asks for set to this single
+    rank's view (sizes 1, ranks 0)."""
+    with environment(role.env):
+        return with_parallel(probe)
+
+
+def single_rank(name: str) -> Any:
+    """A parallel value as one rank of a one-rank group sees it: ranks 0, widths 1."""
+    return 0 if "rank" in name else 1
+
+
+def with_parallel(
+    probe: Callable[[], T], values: dict[str, Any] | None = None, default: Callable[[str], Any] = single_rank
+) -> T:
+    """Run ``probe`` with the runtime parallel context (0.5.15+ ``runtime_context.get_parallel``)
+    overridden by ``values``. Fields the release does not know are dropped; a field the probed code
+    asks for and ``values`` lacks gets ``default(name)`` and the probe runs again. Releases without
+    the context run ``probe`` as it is."""
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    if runtime is None or not hasattr(runtime, "get_parallel"):
+        return probe()
+    values = dict(values or {})
+    leaves: dict[str, Any] = {}  # configured leaves the override refuses: published instead
+    while True:
+        try:
+            with published_parallel_leaves(runtime, leaves), runtime.get_parallel().override(**values):
+                return probe()
+        except (RuntimeError, ValueError) as error:
+            unknown = _UNKNOWN_PARALLEL.search(str(error))
+            names = re.findall(r"'(\w+)'", unknown.group(1)) if unknown else []
+            if any(name in values for name in names):
+                for name in names:
+                    if name in values:
+                        leaves[name] = values.pop(name)
+                continue
+            missing = unpublished_parallel_name(error)
+            if missing is None or missing in values or len(values) > 64:
+                raise
+            values[missing] = default(missing)
+
+
+@contextlib.contextmanager
+def published_parallel_leaves(runtime: Any, leaves: dict[str, Any]) -> Iterator[None]:
+    """The runtime context's ``parallel`` config bag published with ``leaves`` set, the release's
+    declared defaults for its other leaves, as the scheduler's publish wires it
+    (``RuntimeContext.set_server_args``: ``self.parallel._config = bags["parallel"]``); unset after.
+
+    Only for the leaves of that namespace the scoped override refuses and while nothing is
+    published: 0.5.20's ``override`` takes only widths/ranks/groups, while its
+    ``get_cp_strategy`` reads ``get_parallel().enable_prefill_cp``/``cp_strategy`` from the bag
+    (0.5.21+ let the override set them; 0.5.14-0.5.19 publish a dataclass ``ServerArgs``). Widths
+    a release derives at publish stay unset: the probe states them through the override."""
+    context = runtime.get_parallel()
+    names = getattr(runtime, "_parallel_config_leaves", None)
+    bag_class = getattr(runtime, "_ConfigBag", None)
+    if not leaves or getattr(context, "_config", True) is not None or names is None or bag_class is None:
+        yield
+        return
+    declared = set(names())
+    if not declared.intersection(leaves):
+        yield
+        return
+    cls = getattr(sys.modules.get(SERVER_ARGS_MODULE), "ServerArgs", None)
+    msgspec = sys.modules.get("msgspec")
+    if dataclasses.is_dataclass(cls):
+        fields: Any = dataclasses.fields(cls)
+    elif msgspec is not None and isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        fields = msgspec.structs.fields(cls)  # 0.5.20+: ServerArgs is a msgspec record
+    else:
+        fields = ()
+    absent = (dataclasses.MISSING, getattr(msgspec, "NODEFAULT", dataclasses.MISSING))
+    bag = bag_class("parallel")
+    for field in fields:
+        if field.name not in declared or field.name in leaves:
+            continue
+        if not any(field.default is a for a in absent):
+            bag._set(field.name, field.default)
+        elif not any(field.default_factory is a for a in absent):
+            bag._set(field.name, field.default_factory())
+    for name in declared.intersection(leaves):
+        bag._set(name, leaves[name])
+    context._config = bag
+    try:
+        yield
+    finally:
+        context._config = None
+
+
+def unpublished_parallel_name(error: BaseException) -> str | None:
+    """The parallel value sglang's runtime context was asked for and does not have: named in the
+    message, or the ``name`` its reader was called with."""
+    named = _MISSING_PARALLEL.search(str(error))
+    if named:
+        return named.group(1)
+    if "not published" not in str(error):
+        return None
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        if frame.f_code.co_name == "_read" and isinstance(frame.f_locals.get("name"), str):
+            return frame.f_locals["name"]
+    return None
+
+
+def dataclass_instance(cls: type, values: dict[str, Any]) -> Any:
+    """An instance of dataclass ``cls`` without running ``__init__``/``__post_init__``: every
+    field with a default gets it, ``values`` (only names that are fields) override them.
+    A field with no default that is not given stays unset, so a read of it raises."""
+    instance = object.__new__(cls)
+    names = set()
+    for item in dataclasses.fields(cls):
+        names.add(item.name)
+        if item.default is not dataclasses.MISSING:
+            setattr(instance, item.name, item.default)
+        elif item.default_factory is not dataclasses.MISSING:
+            setattr(instance, item.name, item.default_factory())
+    for name, value in values.items():
+        if name in names:
+            setattr(instance, name, value)
+    return instance
+
+
+def served_model_config(model: ModelFacts) -> Any:
+    """The attributes of sglang's ``ModelConfig`` the probe knows from the model facts."""
+    return types.SimpleNamespace(
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        v_head_dim=model.v_head_dim,
+    )
+
+
+@contextlib.contextmanager
+def published_server_args(role: RoleFacts, model: ModelFacts | None = None) -> Iterator[None]:
+    """The role's ``ServerArgs`` published as the scheduler process's global (0.5.11-0.5.15:
+    ``set_global_server_args_for_scheduler``, which their ``ModelRunner`` calls), restored after.
+
+    The record is built from the dataclass defaults and the role's arguments without
+    ``__post_init__`` (which asks the accelerator and reads the model's files), with the
+    release's own legacy-CP normalisation where it has one; its ``model_config``, which
+    ``ServerArgs.get_model_config`` memoises, holds the model facts. A release whose
+    ``ServerArgs`` is not a dataclass (0.5.2x) reads the runtime context instead: nothing to do."""
+    module = sys.modules.get(SERVER_ARGS_MODULE)
+    cls = getattr(module, "ServerArgs", None)
+    publish = getattr(module, "set_global_server_args_for_scheduler", None)
+    if cls is None or publish is None or not dataclasses.is_dataclass(cls):
+        yield
+        return
+    try:
+        previous = module.get_global_server_args()
+    except Exception:  # not published yet (ValueError), or a retired accessor
+        previous = None
+    values = {
+        **role.server_args,
+        "disaggregation_mode": role.disaggregation_mode,
+        "model_path": PROBE_MODEL_PATH,
+    }
+    values.setdefault("attn_cp_size", role.attn_cp_size)
+    values.setdefault("page_size", role.page_size)
+    args = dataclass_instance(cls, values)
+    legacy = getattr(args, "_handle_legacy_cp_arguments", None)
+    if callable(legacy):
+        legacy()
+    if model is not None:
+        args.model_config = served_model_config(model)
+    publish(args)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            publish(previous)
+        elif hasattr(module, "_global_server_args"):
+            module._global_server_args = None
+        else:
+            reset = getattr(sys.modules.get(RUNTIME_MODULE), "reset_context", None)
+            if callable(reset):
+                reset()
+
+
+# What sglang raises when code asks for process state a scheduler sets up and a probe does not:
+# the distributed groups (get_pp_group/get_tp_group before init_distributed_environment) and the
+# accelerator (0.5.18's get_device: is_npu() is decided at import, before the NPU simulation).
+_PROCESS_STATE = re.compile(
+    r"group is not initialized|No accelerator \(CUDA, XPU, HPU, NPU, MUSA, MPS\) or platform plugin"
+)
+
+
+def needs_process_state(error: BaseException) -> bool:
+    """Whether ``error`` is sglang asking for scheduler-process state the probe did not set up:
+    not the deployment's defect, the probe cannot tell (a gap in npudoctor's simulation)."""
+    return isinstance(error, (AssertionError, RuntimeError)) and bool(_PROCESS_STATE.search(str(error)))
+
+
+_imported: list[SourceTree] = []  # the tree of the sglang this process imports, once parsed
+
+
+def imported_tree() -> SourceTree:
+    """The source of the sglang this interpreter imports, one ``SourceTree`` per process: the
+    live child's target tree (``use_tree``), so the probes' imports and the probes share its
+    parse; else one read from where ``sglang`` is found."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
+    package_dir = Path(next(iter(spec.submodule_search_locations))).resolve()
+    if not _imported or _imported[0].package_dir.resolve() != package_dir:
+        _imported[:] = [SourceTree(package_dir)]
+    return _imported[0]
+
+
+def use_tree(tree: SourceTree) -> None:
+    """Make ``tree`` (the live child's target, the tree on its ``sys.path``) the imported one."""
+    _imported[:] = [tree]

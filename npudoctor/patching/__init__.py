@@ -1,0 +1,1 @@
+"""Runtime fixes: the fix base, deciding, recording, activation, bootstrap."""

@@ -1,0 +1,286 @@
+"""``npudoctor fix`` and ``npudoctor run``: decide, record, revert, report and launch.
+
+The CLI only gathers options; the decisions live here so tests and embedders get the
+same behaviour. Patching itself happens in the processes that run sglang
+(``npudoctor.patching.activation``); this module never imports sglang.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from npudoctor.patching import activation
+from npudoctor.patching import records
+from npudoctor.engine.errors import InputError
+from npudoctor.engine.evaluate import evaluate
+from npudoctor.deployment.facts import Facts
+from npudoctor.patching.fixbase import Fix, Safety, all_fixes
+from npudoctor.deployment.redact import redact_argv
+from npudoctor.engine.registry import select
+from npudoctor.engine.results import Result, Status
+from npudoctor.target.discovery import Target
+
+SCHEMA = 1
+BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"  # holds the sitecustomize.py of `npudoctor run`
+
+
+class Action(str, enum.Enum):
+    APPLY = "apply"
+    NOT_NEEDED = "not needed"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``npudoctor fix`` would do with one fix on this target, and why."""
+
+    fix_id: str
+    action: Action
+    reason: str
+    shape: dict[str, str]
+    release: str | None = None  # the release whose shape matched
+    installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
+
+
+def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False) -> Decision:
+    """Apply only where the check's verdict (``result``, from ``npudoctor.engine.evaluate``) is ``fail``
+    and the code is a shape the fix knows."""
+    if result.status in (Status.PASS, Status.SKIP):
+        return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})
+    if result.status is not Status.FAIL:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} could not confirm the defect ({result.status.value}: {result.summary})",
+            {},
+        )
+    shape = fix.shape_of_source(target.tree)
+    release = fix.known_release(shape)
+    if release is None:
+        differing = fix.differences(shape) or sorted(shape)
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "the installed code is not a shape this fix was written for: "
+            + ", ".join(f"{site} ({shape[site]})" for site in differing)
+            + f" differ from sglang {', '.join(fix.written_for)}",
+            shape,
+        )
+    installs = fix.installs_in_source(target.tree)
+    if not installs:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            f"{fix.id} fails here ({result.summary}), but none of the functions this fix replaces "
+            "needs it in this code",
+            shape,
+            release,
+        )
+    if fix.safety is Safety.UNSAFE and not allow_unsafe:
+        return Decision(
+            fix.id,
+            Action.REFUSED,
+            "changes behaviour of running code (unsafe): pass --unsafe to apply it",
+            shape,
+            release,
+            installs,
+        )
+    reason = f"{fix.id} fails here: {result.summary}"
+    if set(installs) != set(fix.replaces):
+        kept = [site.partition(":")[2] for site in fix.replaces if site not in installs]
+        reason += (
+            f"; replaces only {', '.join(site.partition(':')[2] for site in installs)} here "
+            f"({', '.join(kept)} already right in this code)"
+        )
+    return Decision(fix.id, Action.APPLY, reason, shape, release, installs)
+
+
+@dataclass(frozen=True)
+class Planned:
+    fix: Fix
+    decision: Decision
+
+
+def select_fixes(ids: list[str]) -> list[Fix]:
+    return select(all_fixes(), ids, "fix")
+
+
+def plan(
+    fixes: list[Fix],
+    target: Target,
+    facts: Facts,
+    allow_unsafe: bool,
+    depth: str = "auto",
+    on_step: Callable[[str], None] | None = None,
+) -> list[Planned]:
+    """Each fix's decision from its check's verdict at ``depth``: the verdict ``npudoctor check``
+    gives at that depth (live where the target imports, at ``auto``)."""
+    results = evaluate([fix.check for fix in fixes], target, facts, depth, on_step=on_step).results
+    return decisions(fixes, target, results, allow_unsafe)
+
+
+def decisions(fixes: list[Fix], target: Target, results: list[Result], allow_unsafe: bool) -> list[Planned]:
+    """Each fix's decision from the verdicts ``results`` (one per check id) of an evaluation."""
+    verdicts = {result.id: result for result in results}
+    return [Planned(fix, decide(fix, target, verdicts[fix.id], allow_unsafe)) for fix in fixes]
+
+
+def record_document(planned: list[Planned], target: Target) -> dict:
+    """What ``--apply`` records and ``npudoctor run`` hands its bootstrap."""
+    return {
+        "schema": SCHEMA,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "sglang": {"version": target.version, "path": str(target.package_dir)},
+        "fixes": {
+            p.fix.id: {
+                "shape": p.decision.shape,
+                "release": p.decision.release,
+                "upstream": p.fix.upstream,
+                "safety": p.fix.safety.value,
+                "replaces": list(p.decision.installs or p.fix.replaces),  # what this code gets
+            }
+            for p in planned
+            if p.decision.action is Action.APPLY
+        },
+    }
+
+
+def loads_plugins(target: Target) -> bool:
+    """Whether this sglang loads the ``sglang.srt.plugins`` entry-point group (0.5.11+)."""
+    path = target.tree.module_path("sglang.srt.plugins")
+    return path is not None and records.PLUGIN_GROUP.encode() in target.tree.read(path)
+
+
+@dataclass(frozen=True)
+class SiteStatus:
+    """One fix as ``--status`` sees it: recorded, or needed now and not recorded."""
+
+    fix_id: str
+    state: str  # "in place" | "stale" | "not needed" | "unknown fix" | "not recorded"
+    detail: str
+
+    @property
+    def fits(self) -> bool:
+        """The record holds what ``--apply`` would record now, for this fix."""
+        return self.state == "in place"
+
+
+def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteStatus]:
+    """Whether each recorded fix still matches the installed code (sglang may have changed since)
+    and whether the deployment still needs it, and which fix it needs now that is not recorded
+    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix."""
+    decided = {p.fix.id: p for p in planned}
+    found = []
+    for p in planned:
+        if p.decision.action is Action.APPLY and p.fix.id not in document["fixes"]:
+            found.append(SiteStatus(p.fix.id, "not recorded", f"needed now: {p.decision.reason}"))
+    for fix_id, entry in sorted(document["fixes"].items()):
+        if fix_id not in decided:
+            found.append(SiteStatus(fix_id, "unknown fix", "this npudoctor has no such fix"))
+            continue
+        fix, decision = decided[fix_id].fix, decided[fix_id].decision
+        recorded = entry.get("shape", {})
+        current = fix.shape_of_source(target.tree)
+        changed = sorted(site for site in recorded if current.get(site) != recorded[site])
+        if changed:
+            found.append(
+                SiteStatus(
+                    fix_id,
+                    "stale",
+                    "the installed code changed since --apply; sglang's processes will refuse it: "
+                    + ", ".join(changed),
+                )
+            )
+        elif decision.action is Action.NOT_NEEDED:
+            found.append(SiteStatus(fix_id, "not needed", decision.reason))
+        else:
+            detail = (
+                f"replaces {', '.join(s.partition(':')[2] for s in entry.get('replaces') or [])} "
+                f"(written for sglang {entry.get('release')})"
+            )
+            if decision.action is Action.REFUSED:
+                detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
+            found.append(SiteStatus(fix_id, "in place", detail))
+    return found
+
+
+def run_command(command: list[str], document: dict) -> int:
+    """Run ``command`` with the bootstrap on ``PYTHONPATH``; returns its exit code.
+
+    Every Python interpreter the command starts (sglang's spawned schedulers included)
+    imports the bootstrap's ``sitecustomize``, which enables ``document``'s fixes. The plan
+    file lives in a temporary directory for the duration of the command.
+    """
+    if not command:
+        raise InputError(
+            "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
+        )
+    executable = resolve_command(command[0])
+    workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
+    try:
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps(document), encoding="utf-8")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+        env[activation.RUN_PLAN] = str(plan_path)
+        try:
+            child = subprocess.Popen([executable, *command[1:]], env=env)
+        except OSError as error:
+            shown = redact_argv(command[:1])[0]
+            raise CommandNotFound(f"run: cannot execute {shown}: {error.strerror}", 126) from None
+        previous = {sig: signal.signal(sig, _forward(child)) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def resolve_command(name: str) -> str:
+    """The executable ``npudoctor run`` starts for ``name``, as a shell finds it; else
+    ``CommandNotFound`` with the shell's exit code: 127 when there is no such command, 126 when a
+    path names something that cannot be executed (a file without the x bit, a directory)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    shown = redact_argv([name])[0]  # `npudoctor run -- HF_TOKEN=x cmd` must not echo the token
+    if os.sep in name or (os.altsep and os.altsep in name):
+        path = Path(name)
+        if path.is_dir():
+            raise CommandNotFound(f"run: cannot execute {shown}: it is a directory", 126)
+        if path.exists():
+            raise CommandNotFound(f"run: cannot execute {shown}: permission denied (not executable)", 126)
+    elif "=" in name:
+        raise CommandNotFound(
+            f"run: command not found: {shown} (put environment assignments before `npudoctor run`, "
+            "or use `env NAME=value cmd`)"
+        )
+    raise CommandNotFound(f"run: command not found: {shown}")
+
+
+class CommandNotFound(InputError):
+    """The command given to ``npudoctor run`` does not exist or cannot run (exit 127 / 126, as ``env`` does)."""
+
+    def __init__(self, message: str, exit_code: int = 127):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _forward(child: subprocess.Popen):
+    def handler(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    return handler

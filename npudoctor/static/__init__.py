@@ -1,0 +1,1 @@
+"""The static toolkit: reading an sglang tree with ast, never importing it."""

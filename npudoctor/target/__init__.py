@@ -1,0 +1,1 @@
+"""The sglang under test: discovery, releases, caches, history, host."""

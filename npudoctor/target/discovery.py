@@ -1,0 +1,155 @@
+"""Find the sglang under test without importing it.
+
+A target is either the installed distribution (version from ``importlib.metadata``,
+files from ``importlib.util.find_spec``) or a directory given with ``--sglang-path``:
+an unpacked wheel or a source checkout, pointing at the directory that holds
+``sglang/`` (or at ``sglang/`` itself, or at a checkout whose ``python/`` holds it).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+from functools import cached_property
+from pathlib import Path
+
+from npudoctor.engine.errors import InputError, NoTargetError
+from npudoctor.engine.results import TargetInfo
+from npudoctor.static.source import SourceTree
+
+# Files whose presence tells an sglang package directory from any other directory.
+_MARKERS = ("srt", "__init__.py")
+
+
+class Target:
+    """The sglang source under test: where its files are and which version they are."""
+
+    def __init__(self, package_dir: Path, version: str | None, source: str):
+        self.package_dir = package_dir
+        self.version = version
+        self.source = source
+
+    @property
+    def root(self) -> Path:
+        """The directory that contains ``sglang/``; file:line evidence is relative to it."""
+        return self.package_dir.parent
+
+    @cached_property
+    def tree(self) -> SourceTree:
+        return SourceTree(self.package_dir)
+
+    @cached_property
+    def cache_key(self) -> tuple[str, str, str]:
+        """The tree as it is now (where, which version, each ``.py`` file's path, size and mtime):
+        what the static-result cache (``npudoctor.target.resultcache``) keys this tree's answers by."""
+        from npudoctor.target.resultcache import tree_fingerprint
+
+        return (str(self.package_dir), str(self.version), tree_fingerprint(self.package_dir))
+
+    def release(self) -> None:
+        """Free the parsed source now (``SourceTree.release``); a later ``tree`` parses again."""
+        tree = self.__dict__.pop("tree", None)
+        if tree is not None:
+            tree.release()
+
+    @cached_property
+    def has_ascend_backend(self) -> bool:
+        """Whether this sglang can run on Ascend at all: it defines the Ascend attention backend,
+        ``AscendAttnBackend`` in an ``ascend_backend.py`` under ``sglang/srt`` (0.4.10:
+        ``layers/attention/``, 0.5.9+: ``hardware_backend/npu/attention/``; LoRA's file of that
+        name defines another class). Every check's NPU path hangs off it."""
+        return any(
+            b"class AscendAttnBackend" in path.read_bytes()
+            for path in (self.package_dir / "srt").rglob("ascend_backend.py")
+        )
+
+    def info(self) -> TargetInfo:
+        return TargetInfo(version=self.version, path=str(self.package_dir), source=self.source)
+
+    def __repr__(self) -> str:
+        return f"Target({self.package_dir}, version={self.version!r}, source={self.source!r})"
+
+
+def discover(sglang_path: str | Path | None = None) -> Target:
+    """The target named by ``sglang_path``, else the installed sglang.
+
+    Raises ``InputError`` when the given path is not an sglang tree, ``NoTargetError``
+    when no path is given and no sglang is installed.
+    """
+    if sglang_path is not None:
+        return _from_path(Path(sglang_path))
+    return _installed()
+
+
+def require_ascend_backend(target: Target) -> None:
+    """``NoTargetError`` (exit 4, nothing to check) for an sglang without the Ascend NPU backend:
+    every check would only say that it cannot find the code it probes."""
+    if not target.has_ascend_backend:
+        raise NoTargetError(
+            f"sglang {target.version} at {target.package_dir} has no Ascend NPU backend "
+            "(no AscendAttnBackend under sglang/srt): nothing to check"
+        )
+
+
+def _installed() -> Target:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise NoTargetError(
+            "no sglang found: it is not installed in this interpreter "
+            "(use --sglang-path to check an unpacked wheel or a source checkout)"
+        )
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = _version_from_tree(package_dir)
+    return Target(package_dir, version, "installed")
+
+
+def _from_path(path: Path) -> Target:
+    if not path.exists():
+        raise InputError(f"--sglang-path {path}: no such directory")
+    if not path.is_dir():
+        raise InputError(f"--sglang-path {path}: not a directory")
+    for candidate in (path, path / "sglang", path / "python" / "sglang"):
+        if all((candidate / marker).exists() for marker in _MARKERS) and candidate.name == "sglang":
+            package_dir = candidate.resolve()
+            return Target(package_dir, _version_from_tree(package_dir), "path")
+    raise InputError(
+        f"--sglang-path {path}: not an sglang tree "
+        "(expected a directory containing sglang/srt/, e.g. an unpacked wheel)"
+    )
+
+
+def _version_from_tree(package_dir: Path) -> str | None:
+    """The version a tree declares: ``_version.py``/``version.py``, else a ``.dist-info`` beside it."""
+    for name in ("_version.py", "version.py"):
+        version = _literal_version(package_dir / name)
+        if version:
+            return version
+    for dist_info in sorted(package_dir.parent.glob("sglang-*.dist-info")):
+        metadata = dist_info / "METADATA"
+        if metadata.is_file():
+            for line in metadata.read_text(errors="replace").splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    return None
+
+
+def _literal_version(path: Path) -> str | None:
+    """``__version__ = "X"`` (or ``version = "X"``) at module level, read without executing the file."""
+    if not path.is_file():
+        return None
+    try:
+        module = ast.parse(path.read_bytes())
+    except SyntaxError:
+        return None
+    for node in module.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            names = set()
+            for target in node.targets:
+                names.update(elt.id for elt in ast.walk(target) if isinstance(elt, ast.Name))
+            if names & {"__version__", "version"} and isinstance(node.value.value, str):
+                return node.value.value
+    return None

@@ -1,0 +1,134 @@
+"""The static-result cache: a check's static probe, kept on disk for the same code and deployment.
+
+A static probe is a function of three things only: the target's source files, the deployment
+(``Facts``) and npudoctor's own code. Its ``Probe`` is kept under a key made of all three, so
+a second ``check`` of an unchanged tree, and ``advise`` over releases it has seen, read the
+answer instead of parsing sglang again.
+
+Why results and not parsed files (what issue 13 first asked for): measured on the 28 files a
+0.5.12 check parses (1.4 MB), ``ast.parse`` takes 0.58 s and unpickling the same ASTs 0.89 s, so
+a cache of ASTs would be slower than no cache; and only 1.1 of the 25 MB parsed over the 16
+releases 0.5.8..0.5.23 is a file identical to one of another release, so sharing parses
+across releases saves almost nothing either. A cached probe costs one stat walk of the tree.
+
+* the tree: every ``.py`` file's path, size and modification time (``Target.cache_key``), the
+  way build tools decide a file is unchanged; an unpacked wheel or an edited checkout gets a
+  new key, never a stale answer;
+* the deployment: the full ``Facts`` (not the redacted report form), hashed;
+* npudoctor: the path, size and modification time of every file of the installed package and
+  its checks, and the Python version, so an upgrade or an edit of a check is a new cache.
+
+Kept in ``$NPUDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/npudoctor`` (``~/.cache/npudoctor``);
+``NPUDOCTOR_NO_CACHE=1`` (or ``--no-cache``) turns it off. A probe that raises is never kept.
+An unreadable or damaged entry is a miss; a cache directory that cannot be written costs only
+the speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import shutil
+import sys
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+NO_CACHE = "NPUDOCTOR_NO_CACHE"
+T = TypeVar("T")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("NPUDOCTOR_CACHE_DIR"):
+        return Path(os.environ["NPUDOCTOR_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "npudoctor"
+
+
+def enabled() -> bool:
+    return os.environ.get(NO_CACHE, "") in ("", "0")
+
+
+def remembered(kind: str, tree: tuple[str, ...], compute: Callable[[], T], *inputs: str) -> T:
+    """``compute()``, a function of one source tree (``Target.cache_key``: where, which version,
+    ``tree_fingerprint``) and ``inputs`` only, from the cache when the same code already computed
+    it for the same tree and inputs."""
+    if not enabled():
+        return compute()
+    path = _entry(kind, tree, inputs)
+    with (
+        contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError),
+        open(path, "rb") as handle,
+    ):
+        return pickle.load(handle)
+    value = compute()
+    _store(path, value)
+    return value
+
+
+def tree_fingerprint(package_dir: Path) -> str:
+    """Path, size and modification time of every ``.py`` file below ``package_dir``, hashed."""
+    return _fingerprint([package_dir], lambda name: name.endswith(".py"))
+
+
+def _entry(kind: str, tree: tuple[str, ...], inputs: tuple[str, ...]) -> Path:
+    key = hashlib.sha256("\0".join((kind, *tree, *inputs)).encode("utf-8", "surrogatepass")).hexdigest()
+    return cache_dir() / "static" / _code_fingerprint() / f"{key}.pickle"
+
+
+def _store(path: Path, value: object) -> None:
+    with contextlib.suppress(OSError, pickle.PicklingError, TypeError, AttributeError):
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True)
+            _prune(path.parent.parent, keep=path.parent)
+        staging = path.with_suffix(f".{os.getpid()}.partial")
+        with open(staging, "wb") as handle:
+            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        staging.replace(path)  # a concurrent reader sees the whole entry or none
+
+
+KEPT_GENERATIONS = 4
+
+
+def _prune(root: Path, keep: Path) -> None:
+    """A new npudoctor (or an edit of it) starts a new directory of answers: only the
+    ``KEPT_GENERATIONS`` most recent are kept (another installed version may still use one)."""
+    generations = sorted(
+        (d for d in root.iterdir() if d.is_dir() and d != keep), key=lambda d: d.stat().st_mtime
+    )
+    for old in generations[: max(0, len(generations) - (KEPT_GENERATIONS - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """npudoctor's own code: its package and its checks (installed beside it or in ``checks/``)."""
+    import importlib.util
+
+    checks = importlib.util.find_spec("npudoctor.checks")  # found, not imported: no check runs here
+    roots = [Path(__file__).parent.parent, *(Path(p) for p in (checks.submodule_search_locations or []))]
+    return _fingerprint(roots, lambda name: name.endswith((".py", ".json")), extra=sys.version)[:24]
+
+
+def _fingerprint(roots: list[Path], wanted: Callable[[str], bool], extra: str = "") -> str:
+    digest = hashlib.sha256(extra.encode())
+    for root in roots:
+        stack = [str(root)]
+        while stack:
+            directory = stack.pop()
+            with contextlib.suppress(OSError), os.scandir(directory) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name != "__pycache__":
+                            stack.append(entry.path)
+                    elif wanted(entry.name):
+                        stat = entry.stat()
+                        digest.update(
+                            f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(
+                                "utf-8", "surrogateescape"
+                            )
+                        )
+    return digest.hexdigest()
