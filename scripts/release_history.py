@@ -11,7 +11,7 @@ that the newest release checked still fails. Rerun it when a release comes out o
 ``--witness`` remakes the named witnesses only (the others keep what the history holds, as long
 as it covers the same releases).
 ``--reports DIR`` takes reports already made (JSON of ``check --depth auto`` on a release tree
-with an example deployment, e.g. the live-reports of tests/test_live_every_release.py) instead
+with an example deployment, e.g. the live-reports of tests/live/test_live_every_release.py) instead
 of running them again.
 """
 

@@ -65,7 +65,7 @@ def fixprobe(
     env: dict | None = None,
     timeout: int = 900,
 ) -> dict:
-    """Run tests/fixprobe.py (MODE CHECK_ID CONFIG... OPTIONS) in a fresh interpreter with ``tree``
+    """Run tests/support/fixprobe.py (MODE CHECK_ID CONFIG... OPTIONS) in a fresh interpreter with ``tree``
     on PYTHONPATH, after ``prefix`` (``npudoctor run --``); its JSON report, with its stderr."""
     environment = {**os.environ, **(env or {})}
     environment["PYTHONPATH"] = os.pathsep.join(
@@ -74,7 +74,7 @@ def fixprobe(
     command = [
         *prefix,
         sys.executable,
-        str(REPO / "tests" / "fixprobe.py"),
+        str(REPO / "tests" / "support" / "fixprobe.py"),
         mode,
         check_id,
         *map(str, configs),

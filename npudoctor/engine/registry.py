@@ -3,7 +3,7 @@ and selection by id, shared so both behave alike.
 
 A registry is named, not imported: its modules import the engine (``npudoctor.engine.check``,
 ``npudoctor.patching.fixbase``), so the engine finds them by name at run time, the way plugins are found,
-and npudoctor's import graph stays free of cycles (``tests/test_import_graph.py``)."""
+and npudoctor's import graph stays free of cycles (``tests/engine/test_import_graph.py``)."""
 
 from __future__ import annotations
 

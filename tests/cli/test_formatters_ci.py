@@ -11,7 +11,7 @@ import pytest
 from npudoctor.formatters import github, junit, markdown, renderer, sarif
 from npudoctor.engine.results import Depth, Evidence, Location, Remediation, Report, Result, Status, TargetInfo
 
-XSD = Path(__file__).parent / "data" / "junit-10.xsd"
+XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
 
 NASTY = "a|b\nc <tag> & \x01d"
 

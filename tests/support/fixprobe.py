@@ -1,6 +1,6 @@
 """Run one check's live probe in a fresh interpreter, the way a patched sglang process would.
 
-    python tests/fixprobe.py MODE CHECK_ID CONFIG...   (sglang on PYTHONPATH)
+    python tests/support/fixprobe.py MODE CHECK_ID CONFIG...   (sglang on PYTHONPATH)
 
 MODE:
 * ``inprocess``: decide the fix like ``npudoctor fix``, enable it, probe; revert it, probe

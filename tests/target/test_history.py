@@ -19,7 +19,7 @@ from npudoctor.deployment.facts import NO_DEPLOYMENT
 from conftest import EXAMPLES, TRUTH, result_of
 
 DATA = json.loads(history.DATA.read_text())
-SCENARIO = {  # the witness on which each check's truths are stated (tests/test_fixes.py SCENARIOS)
+SCENARIO = {  # the witness on which each check's truths are stated (tests/patching/test_fixes.py SCENARIOS)
     "NPD001": "deepseek-v3-pd",
     "NPD002": "qwen3-moe-pd-fia",
     "NPD003": "deepseek-v3-pd",

@@ -1,4 +1,4 @@
-"""NPD006 fix (port of sglang#25383) beyond the generic fix tests (tests/test_fixes.py: written_for
+"""NPD006 fix (port of sglang#25383) beyond the generic fix tests (tests/patching/test_fixes.py: written_for
 against the wheels, in-process apply/revert, --with-fix, npudoctor run): it is safe (no --unsafe),
 needed only where the pool has no indexer, returns exactly 0.5.12's tables where it has one, and
 refuses a shape it was not written for."""

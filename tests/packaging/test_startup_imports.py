@@ -24,7 +24,7 @@ from conftest import EXAMPLES
 
 PROBES = sorted(
     f"npudoctor.checks.{path.parent.name}.{path.stem}"
-    for path in (Path(__file__).resolve().parent.parent / "checks").glob("*/*.py")
+    for path in (Path(__file__).resolve().parents[2] / "checks").glob("*/*.py")
     if path.stem in ("live", "static")
 )
 REPORT = "import json, sys; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('npudoctor', 'wrapt')))))"

@@ -207,7 +207,7 @@ def test_apply_records_beside_sglang_reaches_its_plugin_loader_and_revert_leaves
 
     env = {**os.environ, "PYTHONPATH": str(tree)}
     probe = subprocess.run(
-        [python, str(REPO / "tests" / "fixprobe.py"), "plugin", "NPD001", str(SCENARIOS["NPD001"])],
+        [python, str(REPO / "tests" / "support" / "fixprobe.py"), "plugin", "NPD001", str(SCENARIOS["NPD001"])],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr[-2000:]
