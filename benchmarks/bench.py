@@ -159,7 +159,7 @@ def main() -> int:
     for line in fix_overhead.hot_paths(max(runs, 10)):
         print(f"  {line}")
 
-    print("\n0. the targets of issue 13")
+    print("\n0. the speed targets")
     for line in TARGETS:
         print(f"  {line}")
     return 0

@@ -10,7 +10,7 @@ Two processes, each the median of ``--runs``:
 The live child reports its own peak RSS and its RSS right after that import, so the
 memory figure compares the two in the same run. The same live check of a 128-layer DeepSeek-V3
 (``bench.scaled_deployment``) shows whether the probes' memory grows with the layer count; the
-last lines are issue 13's live targets, each met or NOT met.
+last lines are the live speed targets (benchmarks/README.md section 8), each met or NOT met.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         large = live_check(tree, bench.scaled_deployment(Path(scratch), 128, 2), args.runs)
-    print("issue 13 targets (live):")
+    print("speed targets (live):")
     print(f"  {met('live check / bare import', cost.wall / bare_wall, 1.2, '')}")
     for layers, run in ((Path(args.config).name, cost), ("128 layers (DeepSeek-V3 PD, prefill PP 2)", large)):
         above = run.peak_rss_mb - run.import_rss_mb

@@ -7,7 +7,7 @@ Every timing is a whole process (interpreter start included), the way CI runs it
 figure quoted is the median of ``--runs``. Prints the ratio check / import torch, so the
 number means the same on a slower machine. The check is timed cold (an empty static-result
 cache each run) and warm (the same check again), and so is what it imports before it reads
-anything (the CLI, the runner, every check), the start-up part issue 13 asks to keep to what
+anything (the CLI, the runner, every check), the start-up part, which should be no more than what
 the command uses. Bytecode caching is on (``PYTHONDONTWRITEBYTECODE`` removed), as an installed
 npudoctor runs: without it every start compiles npudoctor's modules again, which no user pays.
 """

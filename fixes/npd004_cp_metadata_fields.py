@@ -98,7 +98,7 @@ class ContextParallelFiaOverride(Fix):
         f"{CP_UTILS}:prepare_context_parallel_metadata",
         f"{BACKEND}:AscendAttnBackend.forward_extend",
     )
-    # scripts/fix_shapes.py NPD004 0.5.13+cp-gap=<tree of tests/conftest.py cp_gap_tree>
+    # scripts/fix_shapes.py NPD004 0.5.13+cp-gap=<tree of tests/support/trees.py cp_gap_tree>
     written_for = {
         "0.5.13+cp-gap": {
             f"{BACKEND}:AscendAttnBackend.do_cp_attn_fia": "0bad8ad5782d2142",

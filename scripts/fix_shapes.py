@@ -6,7 +6,8 @@
 
 Run it when a fix is written or extended to another release, after checking that the
 fix's replacements are right for that release's code; paste the output into the fix
-module. ``tests/test_fix_shapes.py`` checks the table against the real releases.
+module. ``tests/patching/test_fixes.py`` (``test_written_for_matches_the_real_releases``) checks
+the table against the real releases.
 """
 
 from __future__ import annotations

@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from support.repo import REPO, fetch_sglang
+from support.trees import SYNTHETIC_BUILDERS, cp_gap_tree, overlay_tree
 
 from npudoctor.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-TRUTH_FILE = Path(__file__).resolve().parent / "data" / "known.yaml"
-
-_spec = importlib.util.spec_from_file_location("fetch_sglang", REPO / "scripts" / "fetch_sglang.py")
-fetch_sglang = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fetch_sglang)
-
-
-# The team's verified truths (shared/truth/known.yaml), copied here and extended with every truth
-# verified since, each with file:line evidence: a fresh clone tests with nothing beside it.
-TRUTH = yaml.safe_load(TRUTH_FILE.read_text())
-RELEASES = sorted(TRUTH["releases"], key=lambda v: tuple(int(p) for p in v.split(".")))
+# The helpers tests share are modules of tests/support/ (repo, truths, trees, reports): import
+# them from there. This file holds the fixtures.
 
 
 # The quick tier (`-m "not slow"`) runs the live probes on these states only: together a buggy
@@ -66,7 +51,10 @@ def fixprobe(
     timeout: int = 900,
 ) -> dict:
     """Run tests/support/fixprobe.py (MODE CHECK_ID CONFIG... OPTIONS) in a fresh interpreter with ``tree``
-    on PYTHONPATH, after ``prefix`` (``npudoctor run --``); its JSON report, with its stderr."""
+    on PYTHONPATH, after ``prefix`` (``npudoctor run --``); its JSON report, with its stderr.
+
+    Each distinct run happens once in the whole test run (``fixprobe_results``): a second test, or
+    the module fixture of another xdist worker, asking for the same run reads the first one's report."""
     environment = {**os.environ, **(env or {})}
     environment["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(tree), environment.get("PYTHONPATH", "")) if p
@@ -79,48 +67,49 @@ def fixprobe(
         check_id,
         *map(str, configs),
     ]
-    done = subprocess.run(
-        [*command, *options], capture_output=True, text=True, env=environment, cwd=REPO, timeout=timeout
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+    def probe() -> dict:
+        done = subprocess.run(
+            [*command, *options], capture_output=True, text=True, env=environment, cwd=REPO, timeout=timeout
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+    if not _FIXPROBE_RESULTS:
+        return probe()
+    # the run, in terms that are the same on every worker: this worker's temporary directory
+    # (where module fixtures write deployments) becomes a placeholder, in paths and in file contents
+    directory, base = _FIXPROBE_RESULTS["directory"], _FIXPROBE_RESULTS["base"]
+
+    def neutral(text: str) -> str:
+        return text.replace(base, "@BASETEMP@")
+
+    contents = [neutral(Path(c).read_text()) if Path(c).is_file() else None for c in configs]
+    volatile = ("NPUDOCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST")
+    ambient = {k: neutral(v) for k, v in sorted(environment.items()) if k not in volatile}
+    key = neutral(json.dumps([[*command, *options], contents, ambient]))
+    output = directory / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    with exclusive(output.with_suffix(".lock")):
+        if not output.is_file():
+            staging = output.with_suffix(".partial")
+            staging.write_text(neutral(json.dumps(probe())))
+            staging.rename(output)
+    return json.loads(output.read_text().replace("@BASETEMP@", base))
 
 
-def truth_verdict(version: str, check_id: str) -> str:
-    return TRUTH["releases"][version][check_id]["verdict"]
+# Where ``fixprobe`` keeps the reports of this test run (set by ``fixprobe_results``).
+_FIXPROBE_RESULTS: dict = {}
 
 
-def truth_present(version: str, check_id: str, family: str | None = None) -> bool:
-    """The defect ships in ``version`` and bites the pool ``family`` ("mla"/"mha"; any if None)."""
-    truth = TRUTH["releases"][version][check_id]
-    return truth["verdict"] == "present" and (family is None or family in truth.get("families", [family]))
-
-
-def expected_status(version: str, check_id: str, family: str | None = None) -> str:
-    """The status the check must give on ``version`` by the truths: fail where the defect bites."""
-    return "fail" if truth_present(version, check_id, family) else "pass"
-
-
-# The pool family of each deployment kind the NPD005 tests probe.
-KIND_FAMILY = {"mla": "mla", "gqa": "mha"}
-
-# NPD005: the line of the NPU pool's get_cpu_copy each deployment kind reaches, on the releases
-# where the truth says it refuses the allocator's keyword (the truths' evidence names them).
-NPD005_POOL_DEFS = {
-    "0.5.13": {"mla": "memory_pool_npu.py:483", "gqa": "memory_pool_npu.py:224"},
-    "0.5.14": {"mla": "memory_pool_npu.py:508"},
-}
-
-
-def truth_locations(version: str, check_id: str) -> list[str]:
-    """``path:line`` references in a truth's evidence; a bare ``:N`` refers to the file before it."""
-    text = TRUTH["releases"][version][check_id].get("evidence", "")
-    found, current = [], None
-    for path, line in re.findall(r"([\w/]+\.py)?:(\d+)", text):
-        current = path or current
-        if current:
-            found.append(f"{current}:{line}")
-    return found
+@pytest.fixture(scope="session", autouse=True)
+def fixprobe_results(shared_dir, tmp_path_factory):
+    """``fixprobe``'s reports, shared by every xdist worker of this run (each costs a fresh
+    interpreter importing sglang)."""
+    directory = shared_dir / "fixprobe-reports"
+    directory.mkdir(exist_ok=True)
+    _FIXPROBE_RESULTS.update(directory=directory, base=str(tmp_path_factory.getbasetemp()))
+    yield
+    _FIXPROBE_RESULTS.clear()
 
 
 @pytest.fixture(scope="session")
@@ -173,16 +162,59 @@ def release(shared_dir):
 
     def fetch(version: str) -> Path:
         with exclusive(shared_dir / f"fetch-{version}.lock"):
-            return fetch_sglang.fetch(version)
+            tree = fetch_sglang.fetch(version)
+        SHARED_TREES.add(str(Path(tree).resolve()))
+        return tree
 
     return fetch
 
 
-def overlay_tree(tree: Path, destination: Path) -> Path:
-    """A cheap copy of a release tree (hard links) under ``destination``, whose files a test may replace."""
-    copy = destination / "tree"
-    shutil.copytree(tree / "sglang", copy / "sglang", copy_function=os.link)
-    return copy
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` every test that asks ``live_report`` about a release (or synthetic
+    state) it is parametrized by runs on one worker, one after another: that worker's zygote of
+    the release (``live_zygotes``) serves them all with one import of sglang. (Before xdist's
+    own hook, which reads the groups.)"""
+    import re
+
+    state = re.compile(r"\d+\.\d+\.\d+(\+[\w-]+)?")
+    for item in items:
+        if "live_report" not in getattr(item, "fixturenames", ()):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        found = next((v for v in params.values() if isinstance(v, str) and state.fullmatch(v)), None)
+        if found is not None:
+            item.add_marker(pytest.mark.xdist_group(f"sglang-{found}"))
+
+
+# Trees many tests probe live (the releases, the session's synthetic states): their live runs are
+# served by a zygote (``live_zygotes``); a tree a test builds for itself gets a fresh child.
+SHARED_TREES: set[str] = set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def live_zygotes(session_static_cache, shared_dir):
+    """This worker's live runs on a shared tree fork from a process that imported the tree's sglang
+    once (``npudoctor.live.zygote``), instead of importing it in a fresh child each (~5-10 s); the
+    verdicts are the fresh child's. Three trees at a time per worker (each holds ~0.6 GB of
+    processes), the least recently used one closed first. A live outcome computed is kept for the
+    whole run, for every worker: a test asking for the same run (same tree, checks, fixes, facts)
+    at another depth or through another command gets it without probing again.
+    ``NPUDOCTOR_TEST_ZYGOTES=0`` runs every live run in a fresh child, as ``npudoctor check`` does."""
+    from npudoctor.live import child_process, zygote
+
+    if os.environ.get("NPUDOCTOR_TEST_ZYGOTES", "1") == "0":
+        yield None
+        return
+    memo = shared_dir / "live-outcomes"
+    memo.mkdir(exist_ok=True)
+    pool = zygote.Pool(limit=3, accepts=lambda root: str(Path(root).resolve()) in SHARED_TREES, memo=memo)
+    previous = child_process.serve_from(pool)
+    try:
+        yield pool
+    finally:
+        child_process.serve_from(previous)
+        pool.close()
 
 
 @pytest.fixture
@@ -195,48 +227,10 @@ def overlay(tmp_path):
     return make
 
 
-NPU_BACKEND = "sglang/srt/hardware_backend/npu/attention/ascend_backend.py"
-
-
-def method_span(source: str, class_name: str, method: str) -> tuple[int, int, int]:
-    """First line (decorators included), last line and indentation of ``class_name.method``."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
-                    start = min([item.lineno] + [d.lineno for d in item.decorator_list])
-                    return start, item.end_lineno, item.col_offset
-    raise AssertionError(f"{class_name}.{method} not found")
-
-
-def cp_gap_tree(fetch, destination: Path) -> Path:
-    """The synthetic "0.5.13+cp-gap" state of known.yaml under ``destination``: the 0.5.13 tree
-    (hard-linked) with AscendAttnBackend.do_cp_attn_fia replaced by the 0.5.12 method (scalar
-    fields, torch.chunk(q, 2)), spliced by ast line numbers. ``fetch`` is the ``release`` fixture."""
-    old_source = (fetch("0.5.12") / NPU_BACKEND).read_text()
-    start, end, _ = method_span(old_source, "AscendAttnBackend", "do_cp_attn_fia")
-    old_method = textwrap.dedent("".join(old_source.splitlines(keepends=True)[start - 1 : end]))
-
-    tree = overlay_tree(fetch("0.5.13"), destination)
-    target = tree / NPU_BACKEND
-    source = target.read_text()
-    start, end, indent = method_span(source, "AscendAttnBackend", "do_cp_attn_fia")
-    lines = source.splitlines(keepends=True)
-    spliced = "".join(lines[: start - 1]) + textwrap.indent(old_method, " " * indent) + "".join(lines[end:])
-    ast.parse(spliced)  # still valid Python
-    target.unlink()  # hard-linked to the cached release: never write through the link
-    target.write_text(spliced)
-    return tree
-
-
 @pytest.fixture
 def cp_gap(release, tmp_path) -> Path:
-    """The "0.5.13+cp-gap" tree (see ``cp_gap_tree``), fresh for each test."""
+    """The "0.5.13+cp-gap" tree (see ``support.trees.cp_gap_tree``), fresh for each test."""
     return cp_gap_tree(release, tmp_path)
-
-
-# Source states of known.yaml's "synthetic" section that no wheel ships, and how to build them.
-SYNTHETIC_BUILDERS = {"0.5.13+cp-gap": cp_gap_tree}
 
 
 @pytest.fixture(scope="session")
@@ -250,27 +244,10 @@ def subject(release, tmp_path_factory):
             return release(name)
         if name not in built:
             built[name] = SYNTHETIC_BUILDERS[name](release, tmp_path_factory.mktemp(name))
+            SHARED_TREES.add(str(Path(built[name]).resolve()))
         return built[name]
 
     return tree
-
-
-def replace_text(path: Path, old: str, new: str, count: int = 1) -> None:
-    """Rewrite one file of an overlay without touching the hard-linked original."""
-    text = path.read_text()
-    assert text.count(old) >= count, f"{old!r} not in {path}"
-    path.unlink()
-    path.write_text(text.replace(old, new, count))
-
-
-def drop_fia_page_factor(tree: Path) -> None:
-    """Rewrite an overlay's NPU pool so its FIA branch of ``get_contiguous_buf_infos`` gives token
-    item lengths again (0.5.9's formula: the NPD002 defect) on a fixed release's layout."""
-    pool = tree / "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
-    source = pool.read_text()
-    start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
-    end = source.index("else:", start)
-    replace_text(pool, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes"))
 
 
 @pytest.fixture
@@ -320,21 +297,3 @@ def live_report(subject, shared_dir):
         return json.loads(output.read_text())
 
     return run
-
-
-PROGRESS_LINE = re.compile(r"npudoctor: \[\d+\.\d s\] ")
-
-
-def without_progress(err: str) -> str:
-    """stderr less the progress lines a run without a terminal writes (``npudoctor.engine.progress``)."""
-    return "".join(line for line in err.splitlines(keepends=True) if not PROGRESS_LINE.match(line))
-
-
-def json_report(cli, *args: str) -> dict:
-    code, out, err = cli("check", "--format", "json", *args)
-    assert code in (0, 1), f"exit {code}: {err}"
-    return json.loads(out)
-
-
-def result_of(report: dict, check_id: str) -> dict:
-    return next(r for r in report["results"] if r["id"] == check_id)

@@ -201,7 +201,7 @@ class OffloadEvaluator(LayoutEvaluator):
                 return None
             view = UNKNOWN
             if isinstance(receiver, Tensor) and func.attr in ("view", "reshape") and node.args:
-                view = _view(receiver, node.args, [self._eval(a, env, method) for a in node.args])
+                view = shapes.view(receiver, node.args, [self._eval(a, env, method) for a in node.args])
             elif isinstance(receiver, Tensor) and func.attr == "flatten":
                 view = _flatten(receiver, [self._eval(a, env, method) for a in node.args])
             if isinstance(view, Tensor):
@@ -269,34 +269,6 @@ def _union(left: Any, right: Any) -> Any:
     if right is None and isinstance(left, Tensor):
         return left
     return UNKNOWN
-
-
-def _view(tensor: Tensor, nodes: list[ast.expr], values: list[Any]) -> Any:
-    """``tensor.view(...)``/``.reshape(...)`` on symbols, keeping a fractional inferred dimension
-    (``view(-1, h, d)`` of a buffer whose rows hold ``h * d'`` elements): the view addresses no token
-    rows then, which is what the probe must see (torch raises or reads the wrong bytes)."""
-    if len(nodes) == 1 and (isinstance(nodes[0], (ast.Tuple, ast.List)) or "dtype" in ast.unparse(nodes[0])
-                            or ast.unparse(nodes[0]).startswith("torch.")):  # fmt: skip
-        return tensor if not isinstance(nodes[0], (ast.Tuple, ast.List)) else UNKNOWN
-    dims: list[Sym | None] = []
-    for node, value in zip(nodes, values):
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            dims.append(None)
-        elif isinstance(value, Sym):
-            dims.append(value)
-        else:
-            return UNKNOWN
-    if dims.count(None) > 1:
-        return UNKNOWN
-    if None in dims:
-        known = Sym.const(1)
-        for dim in dims:
-            if dim is not None:
-                known = known * dim
-        if known.coef == 0:
-            return UNKNOWN  # a zero-width placeholder: -1 is not determined
-        dims[dims.index(None)] = tensor.numel / known
-    return Tensor(tuple(dims))
 
 
 def _flatten(tensor: Tensor, values: list[Any]) -> Any:

@@ -41,26 +41,23 @@ import dataclasses
 
 from npudoctor.target import history
 from npudoctor.engine.check import Check, Probe
-from npudoctor.deployment.facts import ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA_INDEXER, Facts, RoleFacts
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
 # unevenly by PP 2 (30 + 31), the split under which pointer arithmetic that assumes equal
-# stages goes wrong. One KV head per rank for MHA: the mapping does not depend on heads.
+# stages goes wrong. The GQA model is the shared one at that depth, with one KV head per rank:
+# the mapping does not depend on heads.
 _ASSUMED_MODELS = {
     "mla": ASSUMED_MLA_INDEXER,
-    "mha": ModelFacts(
+    "mha": dataclasses.replace(
+        ASSUMED_GQA,
         source="assumed (GQA, 61 layers, 1 KV head per rank)",
-        model_type=None,
-        architectures=(),
-        attention=AttentionKind.GQA,
-        num_layers=61,
+        num_layers=ASSUMED_MLA_INDEXER.num_layers,
         num_heads=8,
         num_kv_heads=1,
-        head_dim=128,
-        v_head_dim=128,
     ),
 }
 

@@ -17,7 +17,7 @@ attention. The fix splits q at ``cp_meta.total_q_prev_tokens`` and passes
 the same release (0.5.13), so no release on PyPI ships the defect; a source checkout or an
 image built from the main branch between the two pull requests does.
 
-Issue 12 widened the property from ``do_cp_attn_fia`` to every NPU reader of CP metadata on the
+The property covers, beyond ``do_cp_attn_fia``, every NPU reader of CP metadata on the
 prefill path the deployment takes: for its attention family (MHA/GQA with FIA, MLA, MLA with the
 DSA/NSA indexer) and the CP strategy it selects (``--cp-strategy`` zigzag/interleave, or the legacy
 ``--prefill-cp-mode``). The entries are the NPU functions that name a CP metadata field or ask for

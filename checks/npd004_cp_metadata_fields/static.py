@@ -1,21 +1,24 @@
 """NPD004's static probe: walk the FIA context-parallel attention path of the target's source
-with ``ast`` and test every CP metadata read and every split of the query on it.
-``MetadataModel`` finds the CP metadata classes of the tree and the batch fields that hold them;
-``PathWalk`` follows, from each entry, the calls that pass the batch or the metadata (methods on
-``self``, functions by name, methods on objects of declared types and their subclasses), at most
-``MAX_DEPTH`` calls deep and ``MAX_FUNCTIONS`` functions per entry; ``_judge`` fails a read that no
-reaching metadata class defines, and a fixed midpoint split of q where the metadata describes
-several requests and no admission gate limits a CP batch to one, and warns where a call on the
-path cannot be followed.
+with ``ast`` and test every CP metadata read and every split of the query on it (sglang#26705
+renamed the CP metadata's per-request lengths; an NPU reader left on the old names raises
+``AttributeError`` at the first CP prefill).
 
-Issue 12 (the whole NPU CP prefill path): ``npu_readers`` finds every NPU function that reads CP
-metadata or asks for the CP strategy (the entries are those no other reader calls);
-``PathScope`` says which of them the deployment runs (attention family by the reader's name,
-``self.use_mla`` tests, ``enable_*`` switches the role does not set, tests that are false on NPU)
-and which CP strategy its virtual calls go to; ``deployed_metadata`` decides which metadata class
-the batch holds (the strategy's under CP-v2, else the model-level one), so a read is checked
-against what the deployment's preparation really stores; a strategy step that only raises
-``NotImplementedError`` fails.
+``MetadataModel`` finds the CP metadata classes of the tree and the batch fields that hold them;
+``CPPath`` is the visitor ``npudoctor.static.walker.PathWalker`` runs from each entry along the
+calls that pass the batch or the metadata (methods on ``self``, functions by name, methods on
+objects of declared types and their subclasses), at most ``MAX_DEPTH`` calls deep and
+``MAX_FUNCTIONS`` functions per entry; ``_judge`` fails a read that no reaching metadata class
+defines, and a fixed midpoint split of q where the metadata describes several requests and no
+admission gate limits a CP batch to one, and warns where a call on the path cannot be followed.
+
+The whole NPU CP prefill path is checked, not one function: ``npu_readers`` finds every NPU
+function that reads CP metadata or asks for the CP strategy (the entries are those no other
+reader calls); ``PathScope`` says which of them the deployment runs (attention family by the
+reader's name, and through ``walker.Branches``: ``self.use_mla`` tests, ``enable_*`` switches the
+role does not set, tests that are false on NPU) and which CP strategy its virtual calls go to;
+``deployed_metadata`` decides which metadata class the batch holds (the strategy's under CP-v2,
+else the model-level one), so a read is checked against what the deployment's preparation really
+stores; a strategy step that only raises ``NotImplementedError`` fails.
 """
 
 from __future__ import annotations
@@ -25,30 +28,23 @@ import difflib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from npudoctor.engine.check import Probe
+from npudoctor.static.classdefs import instance_names
 from npudoctor.static.dataflow import (
     aliases,
     annotation_classes,
     annotation_names,
     bind_arguments,
     called_name,
-    enclosing_tests,
     functions_named,
-    imported_module,
-    instance_attributes,
-    is_external_name,
-    module_function,
-    name_classes,
-    nested_function,
     return_classes,
-    self_attribute_classes,
     subclasses,
 )
 from npudoctor.deployment.facts import RoleFacts
 from npudoctor.engine.results import Evidence, Location, Status
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static.walker import Branches, CallResolver, Frame, PathWalker, method_on
 
 # The legacy --prefill-cp-mode values and the CP strategies they select
 # (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
@@ -121,17 +117,15 @@ def probe(
     if note:
         assumptions = (*assumptions, note)
     for entry in entries:
-        walk = PathWalk(
+        walk = CPPath(
             tree,
             metadata,
+            CallResolver(tree, strategy=path.strategy),
+            Branches(mla=None if path.family is None else path.family in (MLA, MLA_INDEXER), server_args=path.server_args),
             excluded=path.excluded,
-            server_args=path.server_args,
-            strategy=path.strategy,
-            seen=seen,
             deployed=deployed,
-            family=path.family,
         )
-        walk.run(entry)
+        walk.walk(entry, seen)
         status, found = _judge(tree, metadata, entry, walk)
         statuses.append(status)
         for item in found:  # a read reached from several entries is one finding
@@ -286,8 +280,7 @@ def deployed_metadata(
     ]
     if not strategies:
         return set(), ""
-    walk = PathWalk(tree, metadata)
-    built = {c.name: walk._built_by(c) for c in strategies}
+    built = {c.name: built_metadata(tree, metadata, c) for c in strategies}
     chosen = [c for c in strategies if c.name.lower().startswith(path.strategy.lower())]
     by_strategy: set[ClassInfo] = set().union(*built.values()) if built else set()
     legacy = {c for c in metadata.classes if c not in by_strategy and c.name == METADATA_SUFFIX}
@@ -399,7 +392,7 @@ class MetadataModel:
         return model
 
     def attributes(self, klass: ClassInfo) -> set[str]:
-        return instance_attributes(self.tree, klass)
+        return instance_names(self.tree, klass)
 
     def defines(self, classes: Classes, name: str) -> bool:
         return any(name in self.attributes(c) for c in classes)
@@ -440,68 +433,44 @@ class Raise:
 
 
 @dataclass
-class PathWalk:
-    """The functions on one entry's CP path and what they do with the metadata and the query."""
+class CPPath:
+    """What one entry's CP path does with the metadata and the query, recorded by ``visit`` as
+    ``PathWalker`` walks the calls that pass the batch or the metadata on."""
 
     tree: SourceTree
     metadata: MetadataModel
-    functions: list[FunctionRef] = field(default_factory=list)
+    resolver: CallResolver
+    branches: Branches
+    # functions not followed: readers that serve another attention family than the deployment's
+    excluded: Callable[[FunctionRef], bool] = lambda ref: False
+    # the metadata classes the deployment's preparation builds (its CP strategy's, or the legacy
+    # one): reads outside a strategy class are checked against these; empty: every reaching class
+    deployed: set[ClassInfo] = field(default_factory=set)
     reads: list[Read] = field(default_factory=list)
     splits: list[Split] = field(default_factory=list)
     stored: set[str] = field(default_factory=set)
     unresolved: list[str] = field(default_factory=list)
     delegations: list[str] = field(default_factory=list)
-    # functions not followed: readers that serve another attention family than the deployment's
-    excluded: Callable[[FunctionRef], bool] = lambda ref: False
-    # the role's server arguments, where a deployment is described: a call under ``if self.enable_x``
-    # whose ``enable_x`` the role does not set runs on another deployment's path and is not followed
-    server_args: dict[str, object] | None = None
-    skipped: list[str] = field(default_factory=list)
     raises: list[Raise] = field(default_factory=list)
-    # the deployment's CP strategy (``zigzag``, ``interleave``): virtual calls on a strategy go to
-    # the classes named after it only; None follows every strategy class
-    strategy: str | None = None
-    seen: set[tuple] = field(default_factory=set)
-    family: str | None = None
-    # the metadata classes the deployment's preparation builds (its CP strategy's, or the legacy
-    # one): reads outside a strategy class are checked against these; empty: every reaching class
-    deployed: set[ClassInfo] = field(default_factory=set)
 
-    def run(self, entry: FunctionRef) -> None:
-        stack: list[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str], int]] = [
-            (entry, entry.owner, {}, frozenset(), 0)
-        ]
-        seen = self.seen
-        while stack and len(self.functions) < MAX_FUNCTIONS:
-            ref, self_cls, seeds, carriers, depth = stack.pop()
-            key = (id(ref.node), id(self_cls), tuple(sorted(seeds)), carriers)
-            if key in seen:
-                continue
-            seen.add(key)
-            self.functions.append(ref)
-            for callee, callee_self, callee_seeds, callee_carriers in self._visit(
-                ref, self_cls, seeds, carriers
-            ):
-                if depth < MAX_DEPTH:
-                    stack.append((callee, callee_self, callee_seeds, callee_carriers, depth + 1))
+    def walk(self, entry: FunctionRef, seen: set[tuple]) -> None:
+        walker = PathWalker(self.visit, max_depth=MAX_DEPTH, max_functions=MAX_FUNCTIONS, seen=seen)
+        walker.walk(_frame(entry, entry.owner, {}, frozenset()))
 
-    def _visit(
-        self,
-        ref: FunctionRef,
-        self_cls: ClassInfo | None,
-        seeds: dict[str, Classes],
-        carriers: frozenset[str],
-    ) -> Iterator[tuple[FunctionRef, ClassInfo | None, dict[str, Classes], frozenset[str]]]:
-        """Record what ``ref`` reads and stores on the metadata and how it splits the query; yield
-        the functions its calls pass the batch or the metadata to, with what they receive."""
-        value_of = self._metadata_values(self._built_by(self_cls), self.deployed)
+    def visit(self, frame: Frame) -> Iterator[Frame]:
+        """Record what the function reads and stores on the metadata and how it splits the query;
+        yield the functions its calls pass the batch or the metadata to, with what they receive."""
+        ref, self_cls = frame.function, frame.self_cls
+        seeds, carriers = frame.state
+        value_of = self._metadata_values(built_metadata(self.tree, self.metadata, self_cls), self.deployed)
         seeds = self._declared_seeds(ref, seeds)
         carriers = self._carriers(ref, carriers)
         known = aliases(ref.node, seeds, value_of)
         guarded = self._getattr_reads(ref, known, value_of)
         self._attribute_reads(ref, known, value_of, guarded)
         self.splits.extend(_query_splits(ref))
-        yield from self._calls(ref, self_cls, known, carriers, value_of)
+        for callee, callee_self, callee_seeds, callee_carriers in self._calls(ref, self_cls, known, carriers, value_of):
+            yield _frame(callee, callee_self, callee_seeds, callee_carriers)
 
     def _declared_seeds(self, ref: FunctionRef, seeds: dict[str, Classes]) -> dict[str, Classes]:
         """``seeds`` and the parameters annotated with a metadata class (it and its subclasses)."""
@@ -599,7 +568,7 @@ class PathWalk:
                 if held is None:
                     continue
                 if isinstance(node.ctx, ast.Load):
-                    if node.attr not in guarded and not self._off_path(ref, node):
+                    if node.attr not in guarded and not self.branches.off_path(ref, node):
                         self.reads.append(Read(ref, node.lineno, ast.unparse(node), node.attr, held))
                 else:
                     self.stored.add(node.attr)
@@ -624,16 +593,16 @@ class PathWalk:
             ]
             if not passed:
                 continue
-            targets = self._resolve(ref, self_cls, node)
+            targets = self.resolver.resolve(ref, self_cls, node)
             if targets is None:
-                if not self._off_path(ref, node):
+                if not self.branches.off_path(ref, node):
                     self.unresolved.append(f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}")
                 continue
-            if self._off_path(ref, node):
+            if self.branches.off_path(ref, node):
                 continue
             for callee, callee_self, bound_receiver in targets:
                 if self.excluded(callee):
-                    self.skipped.append(f"{callee.qualname} ({callee.where()})")
+                    self.branches.skipped.append(f"{callee.qualname} ({callee.where()})")
                     continue
                 raised = _raises_only(callee)
                 if raised is not None:
@@ -652,133 +621,31 @@ class PathWalk:
                 )
                 yield callee, callee_self, callee_seeds, callee_carriers
 
-    def _off_path(self, ref: FunctionRef, call: ast.AST) -> bool:
-        """``call`` sits under ``if <x>.enable_<feature>`` and the described role does not enable that
-        feature (e.g. ``enable_sparsity_driven_kv_offload``): not the deployment's path."""
-        for test, taken in enclosing_tests(ref.node, call):
-            text = ast.unparse(test.test)
-            if self.family is not None and re.fullmatch(r"(not )?self\.use_mla", text):
-                mla_branch = taken != text.startswith("not ")
-                if mla_branch != (self.family in (MLA, MLA_INDEXER)):
-                    self.skipped.append(
-                        f"calls under `{text}` ({ref.where(test.lineno)}): another attention family"
-                    )
-                    return True
-        for test, taken in enclosing_tests(ref.node, call):
-            gate = _npu_off_gate(ref, test.test) if taken else None
-            if gate is not None:
-                self.skipped.append(
-                    f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): {gate}"
-                )
-                return True
-        if self.server_args is None:
-            return False
-        for test, taken in enclosing_tests(ref.node, call):
-            for node in ast.walk(test.test):
-                name = (
-                    node.attr
-                    if isinstance(node, ast.Attribute)
-                    else node.id
-                    if isinstance(node, ast.Name)
-                    else ""
-                )
-                if not name.startswith("enable_") or not taken:
-                    continue
-                if ast.unparse(test.test).startswith("not "):
-                    continue
-                if not self.server_args.get(name):
-                    self.skipped.append(
-                        f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): not enabled"
-                    )
-                    return True
-        return False
 
-    def _built_by(self, self_cls: ClassInfo | None) -> set[ClassInfo]:
-        """The metadata classes a strategy class builds (any method of its MRO that returns one)."""
-        if self_cls is None:
-            return set()
-        tree, names = self.tree, {c.name for c in self.metadata.classes}
-        built: set[ClassInfo] = set()
-        for name in sorted({m for klass in tree.mro(self_cls) for m in klass.methods}):
-            method = _method_of(tree, self_cls, name)
-            returned = annotation_names(method.node.returns) + [
-                ast.unparse(n.value.func)
-                for n in ast.walk(method.node)
-                if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)
-            ]
-            if not any(r.rpartition(".")[2] in names for r in returned):
-                continue
-            for klass in return_classes(method):
-                if klass in self.metadata.classes:
-                    built |= {klass, *subclasses(tree, klass)}
-        return built
 
-    def _resolve(self, ref: FunctionRef, self_cls: ClassInfo | None, call: ast.Call):
-        """Functions ``call`` may run, as [(function, its self class, receiver bound)]; [] for code
-        outside the tree (torch, numpy, builtins, loggers) and constructors; None when it cannot
-        be told."""
-        tree, func = self.tree, call.func
-        if isinstance(func, ast.Name):
-            scope = ref
-            while scope is not None:  # a closure defined in this function or an enclosing one
-                inner = nested_function(scope, func.id)
-                if inner is not None:
-                    return [(inner, self_cls, False)]
-                scope = scope.outer
-            found = module_function(tree, ref.path, func.id) or _locally_imported(ref, func.id)
-            if found is not None:
-                return [(found, None, False)]
-            if is_external_name(tree, ref.path, func.id) or tree.resolve_class(ref.path, func.id) is not None:
-                return []
-            return None
-        if not isinstance(func, ast.Attribute):
-            return None
-        receiver, method = func.value, func.attr
-        if (_is_name(receiver, "self") or _is_name(receiver, "cls")) and self_cls is not None:
-            found = _method_of(tree, self_cls, method)
-            return None if found is None else [(found, self_cls, True)]
-        if (
-            isinstance(receiver, ast.Call)
-            and _is_name(receiver.func, "super")
-            and self_cls is not None
-            and ref.owner is not None
-        ):
-            found = _method_of(tree, self_cls, method, after=ref.owner)
-            return None if found is None else [(found, self_cls, True)]
-        root = receiver
-        while isinstance(root, ast.Attribute):
-            root = root.value
-        if isinstance(root, ast.Name) and root.id != "self" and is_external_name(tree, ref.path, root.id):
-            return []
-        if isinstance(receiver, ast.Name) and receiver.id not in {p.arg for p in ref.parameters}:
-            klass = tree.resolve_class(ref.path, receiver.id)
-            if klass is not None and receiver.id[:1].isupper():  # Class.method(...): class/static method
-                found = _method_of(tree, klass, method)
-                return None if found is None else [(found, klass, True)]
-        if isinstance(receiver, ast.Name):
-            module = imported_module(tree, ref.path, receiver.id)
-            if module is not None:
-                found = module_function(tree, module, method)
-                return None if found is None else [(found, None, False)]
-            classes = name_classes(ref, receiver.id)
-        elif (
-            isinstance(receiver, ast.Attribute) and _is_name(receiver.value, "self") and self_cls is not None
-        ):
-            classes = self_attribute_classes(tree, self_cls, receiver.attr)
-        else:
-            classes = []
-        targets = []
-        for klass in classes:  # virtual dispatch: the declared class and every subclass in the tree
-            for impl in (klass, *subclasses(tree, klass)):
-                found = _method_of(tree, impl, method)
-                if found is not None:
-                    targets.append((found, impl, True))
-        # the deployment's strategy class only, where the classes are named after strategies
-        if self.strategy:
-            chosen = [t for t in targets if t[1].name.lower().startswith(self.strategy.lower())]
-            if chosen:
-                targets = chosen
-        return targets or None
+def _frame(function: FunctionRef, self_cls: ClassInfo | None, seeds: dict[str, Classes], carriers: frozenset[str]) -> Frame:
+    return Frame(function, self_cls, (seeds, carriers), key=(tuple(sorted(seeds)), carriers))
+
+
+def built_metadata(tree: SourceTree, metadata: MetadataModel, self_cls: ClassInfo | None) -> set[ClassInfo]:
+    """The metadata classes a strategy class builds (any method of its MRO that returns one)."""
+    if self_cls is None:
+        return set()
+    names = {c.name for c in metadata.classes}
+    built: set[ClassInfo] = set()
+    for name in sorted({m for klass in tree.mro(self_cls) for m in klass.methods}):
+        method = method_on(tree, self_cls, name)
+        returned = annotation_names(method.node.returns) + [
+            ast.unparse(n.value.func)
+            for n in ast.walk(method.node)
+            if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)
+        ]
+        if not any(r.rpartition(".")[2] in names for r in returned):
+            continue
+        for klass in return_classes(method):
+            if klass in metadata.classes:
+                built |= {klass, *subclasses(tree, klass)}
+    return built
 
 
 def _received(
@@ -856,101 +723,6 @@ def _query_splits(ref: FunctionRef) -> list[Split]:
     return found
 
 
-def _npu_off_gate(ref: FunctionRef, test: ast.expr) -> str | None:
-    """Why ``test`` (an ``if`` whose body the call sits in) is false on an NPU, if it is: one of its
-    ``and`` terms is a call, or ``self.<x>`` assigned from a call, of a function that returns False on
-    NPU first thing (0.5.20 ``is_dsa_enable_prefill_cp``: ``if is_hip() or is_npu() ...: return
-    False``)."""
-    terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-    for term in terms:
-        call, path = (term, ref.path) if isinstance(term, ast.Call) else (None, ref.path)
-        if (
-            call is None
-            and isinstance(term, ast.Attribute)
-            and _is_name(term.value, "self")
-            and ref.owner is not None
-        ):
-            call, path = _assigned_call(ref, term.attr) or (None, path)
-        if call is None or not isinstance(call.func, ast.Name):
-            continue
-        function = module_function(ref.tree, path, call.func.id) or _locally_imported(ref, call.func.id)
-        if function is not None and _false_on_npu(function):
-            return f"{function.qualname} ({function.where()}) returns False on NPU"
-    return None
-
-
-def _assigned_call(ref: FunctionRef, attr: str) -> tuple[ast.Call, Path] | None:
-    """The call ``self.<attr>`` is assigned from in a method of ``ref``'s class, its bases or its
-    subclasses (a mixin's attribute is set by the class that mixes it in), if one."""
-    tree = ref.tree
-    classes = [*tree.mro(ref.owner), *subclasses(tree, ref.owner)]
-    methods = [(klass.path, m) for klass in classes for m in klass.methods.values()]
-    for path, method in methods:
-        for node in ast.walk(method):
-            if (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Attribute)
-                and node.targets[0].attr == attr
-                and _is_name(node.targets[0].value, "self")
-                and isinstance(node.value, ast.Call)
-            ):
-                return node.value, path
-    return None
-
-
-def _false_on_npu(function: FunctionRef) -> bool:
-    body = [
-        s
-        for s in function.node.body
-        if not (
-            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
-        )
-    ]
-    if not body or not isinstance(body[0], ast.If):
-        return False
-    first = body[0]
-    mentions_npu = any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_npu"
-        for n in ast.walk(first.test)
-    )
-    returns_false = (
-        len(first.body) == 1
-        and isinstance(first.body[0], ast.Return)
-        and isinstance(first.body[0].value, ast.Constant)
-        and first.body[0].value.value is False
-    )
-    negated = isinstance(first.test, ast.UnaryOp) and isinstance(first.test.op, ast.Not)
-    return (
-        mentions_npu
-        and returns_false
-        and not negated
-        and not isinstance(first.test, ast.BoolOp)
-        or (
-            mentions_npu
-            and returns_false
-            and isinstance(first.test, ast.BoolOp)
-            and isinstance(first.test.op, ast.Or)
-        )
-    )
-
-
-def _locally_imported(ref: FunctionRef, name: str) -> FunctionRef | None:
-    """A function ``ref`` imports inside its own body (``from sglang.x import f`` in a function)."""
-    tree = ref.tree
-    scope: FunctionRef | None = ref
-    while scope is not None:
-        for node in ast.walk(scope.node):
-            if isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if (alias.asname or alias.name) == name:
-                        target = tree.module_path(tree.absolute_module(ref.path, node))
-                        if target is not None:
-                            return module_function(tree, target, alias.name)
-        scope = scope.outer
-    return None
-
-
 def _raises_only(ref: FunctionRef) -> ast.Raise | None:
     """The ``raise NotImplementedError`` that is the whole body of ``ref`` (after its docstring)."""
     body = [
@@ -971,10 +743,6 @@ def _raises_only(ref: FunctionRef) -> ast.Raise | None:
     return None
 
 
-def _is_name(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
-
-
 def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg in names), None)
 
@@ -985,7 +753,7 @@ _RAISE_EXPECTED = "every step of the CP prefill implemented by the deployment's 
 
 
 def _judge(
-    tree: SourceTree, metadata: MetadataModel, entry: FunctionRef, walk: PathWalk
+    tree: SourceTree, metadata: MetadataModel, entry: FunctionRef, walk: CPPath
 ) -> tuple[Status, list[Evidence]]:
     """Status and evidence for one entry's path: FAIL for reads no reaching class defines and for
     a midpoint split of a multi-request batch, WARN where the path could not be fully analysed."""
@@ -1087,7 +855,7 @@ def _similar(metadata: MetadataModel, read: Read) -> str:
 
 
 def _pass_evidence(
-    entry: FunctionRef, walk: PathWalk, per_request: list[str], gate: Location | None
+    entry: FunctionRef, walk: CPPath, per_request: list[str], gate: Location | None
 ) -> Evidence:
     by_function: dict[int, tuple[FunctionRef, dict[str, Read]]] = {id(entry.node): (entry, {})}
     for read in walk.reads:
@@ -1149,13 +917,3 @@ def _field_of(evidence: Evidence) -> str | None:
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def _method_of(
-    tree: SourceTree, cls: ClassInfo, name: str, after: ClassInfo | None = None
-) -> FunctionRef | None:
-    """The method ``cls().name`` resolves to, or ``super(after, self).name`` when ``after`` is given."""
-    mro = tree.mro(cls)
-    if after is None:
-        return tree.lookup(mro, name)
-    return tree.lookup(mro, name, mro.index(after) + 1) if after in mro else None

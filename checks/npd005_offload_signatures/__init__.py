@@ -63,7 +63,7 @@ list in npudoctor.
   other attention family's NPU pool) are reported, marked "not on this deployment's NPU
   path", in the evidence and the summary, and never change the status.
 
-* **Every call on the path** (``chain.py``, issue 12). A retraction runs more than the two copy
+* **Every call on the path** (``chain.py``). A retraction runs more than the two copy
   methods: the scheduler's offload functions (and their ``self`` helpers) ask the allocator for
   its pool and read flags on it (``get_kvcache().cpu_copy_carries_mamba``), composite pools
   call their sub-pools and mamba pool (``MambaPool`` is no KV pool), NPU pools call their own
@@ -133,9 +133,9 @@ class OffloadSignatures(Check):
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Bind every offload call to every override it can reach; rank offenders by the deployment's path."""
-        from .static import _OffloadGraph  # not loaded when the answer is cached
+        from .static import OffloadGraph  # not loaded when the answer is cached
 
-        return _OffloadGraph(target.tree).probe(*_path_scope(facts))
+        return OffloadGraph(target.tree).probe(*_path_scope(facts))
 
     def live_imports(self) -> None:
         """Import the module of every class a decode server's offload path can hold (the static

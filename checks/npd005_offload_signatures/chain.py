@@ -1,4 +1,5 @@
-"""NPD005 over every call the offload path makes, not only the two copy methods (issue 12, item 5).
+"""NPD005 over every call the offload path makes, not only the two copy methods: sglang#24026
+changed what the offload path passes and calls below them too.
 
 A retraction on a PD decode server runs more than ``get_cpu_copy``/``load_cpu_copy``: the
 scheduler's offload functions (``Req.offload_kv_cache``/``load_kv_cache`` in 0.5.1x-0.5.2x)
@@ -11,7 +12,8 @@ Each of those calls must bind to the method the class the deployment builds reso
 (through that class's MRO, so an NPU subclass's override counts, and a helper an NPU
 subclass redefines with another arity is caught), and every attribute read there must exist.
 
-This module walks that call graph statically, from the installed source: the entry points are
+This module walks that call graph statically with ``npudoctor.static.walker.PathWalker`` (in
+call order; ``_OffloadCalls`` is its visitor), from the installed source: the entry points are
 the functions that call ``get_cpu_copy``/``load_cpu_copy`` on the allocator (and the ``self``
 helpers they call), the receivers are typed by the deployment's path (``_Path``: the allocator
 the decode role builds, the pool it holds in ``self._kvcache``, the NPU pools a composite
@@ -26,12 +28,15 @@ import ast
 import inspect
 import re
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 from npudoctor.static.poolclasses import OFFLOAD_METHODS
 from npudoctor.engine.results import Evidence, Location
 from npudoctor.static.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
+from npudoctor.static.classdefs import has_dynamic_attributes, instance_names
 from npudoctor.static.source import ClassInfo, FunctionRef
+from npudoctor.static.walker import Frame, PathWalker, base_call, super_target
 
 ENTRY, ALLOC, POOL, SUB, MAMBA = "scheduler", "allocator", "pool", "sub-pool", "mamba pool"
 # How many calls deep below the scheduler's offload functions the walk follows.
@@ -78,13 +83,13 @@ def walk(graph, path, hybrid: bool, allocator_calls: bool = True) -> Chain:
     the resume allocates new ones: ``free``, ``free_segment``, ``alloc_extend``, ...), followed
     into the allocator's own methods as the deployment's allocator class resolves them."""
     chain = Chain()
-    walker = _Walker(graph, path, hybrid, chain)
+    calls = _OffloadCalls(graph, path, hybrid, chain)
     for site in graph.sites:
         if site.family != "allocator" or site.scoped.function is None:
             continue
-        walker.entry(site)
+        calls.entry(site)
     if allocator_calls and path.allocators:
-        walker.allocator_calls()
+        calls.allocator_calls()
     return chain
 
 
@@ -97,14 +102,17 @@ _HOLDER = "token_to_kv_pool_allocator"
 _SCHEDULER_SIDE = re.compile(r"srt/(managers/schedule_batch|disaggregation/decode|mem_cache/[a-z_]+)\.py$")
 
 
-class _Walker:
+class _OffloadCalls:
+    """The visitor of the offload path's walk: types the receivers by the deployment's path and
+    records every call (``Edge``) with what the deployment's class resolves it to. The walk runs in
+    call order, so the edges come out in the order a retraction makes the calls."""
+
     def __init__(self, graph, path, hybrid: bool, chain: Chain):
         self.graph, self.path, self.hybrid, self.chain = graph, path, hybrid, chain
         self.tree = graph.tree
-        self.seen: set[tuple[int, int]] = set()
+        self.walker = PathWalker(self.visit, max_depth=_MAX_DEPTH, in_call_order=True)
         self.entered: set[int] = set()
         self._mamba: list[ClassInfo] | None = None
-        self._assigned: dict[int, set[str]] = {}
 
     # ----- receivers -----------------------------------------------------------------------
     def mamba_classes(self) -> list[ClassInfo]:
@@ -135,38 +143,9 @@ class _Walker:
             return self.path.allocators, ALLOC
         return None
 
-    def assigned(self, cls: ClassInfo) -> set[str]:
-        """Names an instance of ``cls`` has besides its methods: class attributes of its MRO and
-        ``self.<name>`` assignments anywhere in its MRO's methods."""
-        key = id(cls)
-        if key not in self._assigned:
-            names: set[str] = set()
-            for klass in self.graph.mro(cls):
-                names |= klass.class_attributes
-                for node in ast.walk(klass.node):
-                    if (
-                        isinstance(node, ast.Attribute)
-                        and isinstance(node.ctx, ast.Store)
-                        and self_attribute(node) is not None
-                    ):
-                        names.add(node.attr)
-                    elif (
-                        isinstance(node, ast.Call)
-                        and isinstance(node.func, ast.Name)
-                        and node.func.id == "setattr"
-                        and len(node.args) >= 2
-                        and isinstance(node.args[1], ast.Constant)
-                    ):
-                        names.add(str(node.args[1].value))
-            self._assigned[key] = names
-        return self._assigned[key]
-
-    def dynamic(self, cls: ClassInfo) -> bool:
-        """An external base or a ``__getattr__``: a missing name cannot be told from the source."""
-        mro = self.graph.mro(cls)
-        return bool(self.tree.external_bases(cls)) or any(
-            "__getattr__" in k.methods or "__getattribute__" in k.methods for k in mro
-        )
+    def has(self, cls: ClassInfo, name: str) -> bool:
+        """An instance of ``cls`` has ``name``, or the source cannot tell that it lacks it."""
+        return name in instance_names(self.tree, cls) or has_dynamic_attributes(self.tree, cls)
 
     # ----- the scheduler side's calls on the allocator it holds --------------------------------
     def allocator_calls(self) -> None:
@@ -208,8 +187,8 @@ class _Walker:
                     continue
                 where = scoped.function.name if scoped.function is not None else "<module>"
                 owner = f"{scoped.class_node.name}." if scoped.class_node is not None else ""
-                self.call(
-                    relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC), 0
+                self._follow(
+                    self.call(relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC))
                 )
                 files.append(relpath)
         if len(self.chain.edges) > before:
@@ -243,7 +222,7 @@ class _Walker:
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                     typed = self.entry_receiver(node.func.value)
                     if typed is not None:
-                        self.call(site.relpath, name, node, node.func.attr, typed, 0)
+                        self._follow(self.call(site.relpath, name, node, node.func.attr, typed))
                 elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                     value = node.value
                     if (
@@ -256,17 +235,21 @@ class _Walker:
                         if typed is not None:
                             self.read(site.relpath, name, node, typed)
 
-    def call(self, relpath, caller, node: ast.Call, method, typed, depth, skip_first=False) -> None:
+    def _follow(self, callees: Iterator[Frame]) -> None:
+        """Walk what a call made outside the walk (an entry's, the scheduler side's) runs."""
+        for callee in callees:
+            self.walker.walk(replace(callee, depth=1))
+
+    def call(self, relpath, caller, node: ast.Call, method, typed) -> Iterator[Frame]:
         classes, level = typed
-        shape = CallShape.of(node, skip_first=skip_first)
+        shape = CallShape.of(node)
         for cls in classes:
             ref = self.tree.lookup(self.graph.mro(cls), method)
-            self.record(relpath, caller, node, method, shape, cls, level, ref, "attr", 0, depth)
+            yield from self.record(relpath, caller, node, method, shape, cls, level, ref, "attr", 0)
 
     def read(self, relpath, caller, node: ast.Attribute, typed) -> None:
         classes, level = typed
         for cls in classes:
-            known = node.attr in self.assigned(cls) or self.dynamic(cls)
             edge = Edge(
                 f"{relpath}:{node.lineno}",
                 caller,
@@ -276,13 +259,14 @@ class _Walker:
                 cls,
                 level,
                 None,
-                [] if known else [f"'{cls.name}' object has no attribute '{node.attr}'"],
+                [] if self.has(cls, node.attr) else [f"'{cls.name}' object has no attribute '{node.attr}'"],
             )
             self.chain.edges.append(edge)
 
-    def record(self, relpath, caller, node, method, shape, cls, level, ref, how, start, depth) -> None:
+    def record(self, relpath, caller, node, method, shape, cls, level, ref, how, start) -> Iterator[Frame]:
+        """Record the call as an edge; yield what it runs, to be walked next."""
         if ref is None:
-            if method in self.assigned(cls) or self.dynamic(cls):
+            if self.has(cls, method):
                 return  # a callable attribute, or a name the source cannot tell
             errors = [f"'{cls.name}' object has no attribute '{method}'"]
         else:
@@ -302,83 +286,31 @@ class _Walker:
             start,
         )
         self.chain.edges.append(edge)
-        if ref is not None and depth < _MAX_DEPTH:
-            self.inside(ref, cls, level, depth + 1)
+        if ref is not None:
+            yield Frame(ref, cls, level)
 
-    def inside(self, ref: FunctionRef, cls: ClassInfo, level: str, depth: int) -> None:
-        """The calls ``ref`` makes when it runs on an instance of ``cls``."""
-        key = (id(ref.node), id(cls))
-        if key in self.seen:
-            return
-        self.seen.add(key)
-        mro = self.graph.mro(cls)
+    def visit(self, frame: Frame) -> Iterator[Frame]:
+        """The calls ``frame``'s function makes when it runs on an instance of its class."""
+        ref, cls, level = frame.function, frame.self_cls, frame.state
         caller = ref.qualname
         for node in _own_calls(ref.node):
             func = node.func
             receiver, method = func.value, func.attr
             if isinstance(receiver, ast.Name) and receiver.id == "self":
-                target = self.tree.lookup(mro, method)
-                self.record(
-                    ref.relpath,
-                    caller,
-                    node,
-                    method,
-                    CallShape.of(node),
-                    cls,
-                    level,
-                    target,
-                    "self",
-                    0,
-                    depth,
-                )
+                target = self.tree.lookup(self.graph.mro(cls), method)
+                yield from self.record(ref.relpath, caller, node, method, CallShape.of(node), cls, level, target, "self", 0)
             elif is_super_call(receiver):
-                after = ref.owner
-                position = next((i for i, c in enumerate(mro) if c is after), None)
-                if position is None:
-                    continue
-                target = self.tree.lookup(mro, method, position + 1)
-                if target is not None:
-                    self.record(
-                        ref.relpath,
-                        caller,
-                        node,
-                        method,
-                        CallShape.of(node),
-                        cls,
-                        level,
-                        target,
-                        "super",
-                        position + 1,
-                        depth,
+                found = super_target(self.tree, cls, ref, method)
+                if found is not None:
+                    target, start = found
+                    yield from self.record(
+                        ref.relpath, caller, node, method, CallShape.of(node), cls, level, target, "super", start
                     )
-            elif (
-                node.args
-                and isinstance(node.args[0], ast.Name)
-                and node.args[0].id == "self"
-                and isinstance(receiver, (ast.Name, ast.Attribute))
-                and self_attribute(receiver) is None
-            ):
-                named = self.tree.resolve_name(ref.path, ast.unparse(receiver))
-                if named is None:
-                    continue
-                position = next((i for i, c in enumerate(mro) if c is named or c.name == named.name), None)
-                if position is None:
-                    continue
-                target = self.tree.lookup(mro, method, position)
-                if target is not None:
-                    self.record(
-                        ref.relpath,
-                        caller,
-                        node,
-                        method,
-                        CallShape.of(node, skip_first=True),
-                        cls,
-                        level,
-                        target,
-                        "Base",
-                        position,
-                        depth,
-                    )
+            elif (found := base_call(self.tree, cls, ref, node)) is not None:
+                target, start = found
+                yield from self.record(
+                    ref.relpath, caller, node, method, CallShape.of(node, skip_first=True), cls, level, target, "Base", start
+                )
             else:
                 attr = self_attribute(receiver)
                 if attr is None:
@@ -388,7 +320,7 @@ class _Walker:
                     if method in OFFLOAD_METHODS:
                         self.chain.unresolved.append(f"{ref.where(node.lineno)}: self.{attr}.{method}")
                     continue
-                self.call(ref.relpath, caller, node, method, typed, depth)
+                yield from self.call(ref.relpath, caller, node, method, typed)
 
 
 def _scoped_calls(module: ast.Module, names: set[str], lines: list[int]):

@@ -32,7 +32,7 @@ from npudoctor.static.signatures import names_read
 from npudoctor.static.source import ClassInfo, SourceTree
 
 from .chain import Chain, bind_live, chain_evidence, chain_finding, edge_location, walk
-from .static import ALLOCATOR, OFFLOAD_METHODS, _describe, _Finding, _OffloadGraph, _Path, _Site
+from .static import ALLOCATOR, OFFLOAD_METHODS, _describe, _Finding, OffloadGraph, _Path, _Site
 
 # How deep below the allocator the recorder looks for objects with offload methods:
 # allocator -> pool -> sub-pool (-> a sub-pool's own component).
@@ -497,9 +497,9 @@ class SlotSnapshot:
 
 # ----- the live probe ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
-def _graph(tree: SourceTree) -> _OffloadGraph:
+def _graph(tree: SourceTree) -> OffloadGraph:
     """One static graph per tree and child: ``live_imports`` and ``live`` ask the same questions."""
-    return _OffloadGraph(tree)
+    return OffloadGraph(tree)
 
 
 # Token slots offloaded and reloaded, as (page, offset) pairs: a few, across page boundaries,
@@ -572,7 +572,7 @@ class _LiveProbe:
     * A class of the path that cannot be built on CPU is a ``warn`` with the reason.
     """
 
-    def __init__(self, graph: _OffloadGraph, facts: Facts):
+    def __init__(self, graph: OffloadGraph, facts: Facts):
         self.graph = graph
         self.facts = facts
         self.role = facts.role("decode") or RoleFacts(name="decode (assumed)", disaggregation_mode="decode")
@@ -586,7 +586,7 @@ class _LiveProbe:
         assumptions: tuple[str, ...],
     ) -> Probe:
         path = self.graph.path(families, sliding, hybrid)
-        unrecognised = self.graph._unrecognised(families, path)
+        unrecognised = self.graph.unrecognised(families, path)
         findings: list[_Finding] = []
         passed: list[Evidence] = []
         notes: list[Evidence] = []

@@ -3,7 +3,7 @@
 pool or allocator class (``_Override``), which calls can reach which override, the classes a
 decode server of the deployment builds and the methods they run (``_Path``), and the probe that
 binds each reaching call to each override and ranks the offenders by that path
-(``_OffloadGraph.probe``). The live probe builds and calls the classes this graph names."""
+(``OffloadGraph.probe``). The live probe builds and calls the classes this graph names."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class _Path:
         return list(dict.fromkeys([*self.allocators, *self.tops, *self.subs]))
 
 
-class _OffloadGraph:
+class OffloadGraph:
     """Offload calls and overrides of one source tree, and the questions the probe asks of them."""
 
     def __init__(self, tree: SourceTree):
@@ -374,7 +374,7 @@ class _OffloadGraph:
         assumptions: tuple[str, ...],
     ) -> Probe:
         path = self.path(families, sliding, hybrid)
-        unrecognised = self._unrecognised(families, path)
+        unrecognised = self.unrecognised(families, path)
         findings: list[_Finding] = []
         for override in self.overrides:
             if only_raises(override.node):
@@ -431,7 +431,7 @@ class _OffloadGraph:
             )
         ]
 
-    def _unrecognised(self, families: list[str], path: _Path) -> list[tuple[str, Evidence]]:
+    def unrecognised(self, families: list[str], path: _Path) -> list[tuple[str, Evidence]]:
         """What the probe expected to find and did not: reported, never a silent pass."""
         layout = "none found: this release's layout is not one npudoctor recognises"
         missing = []

@@ -33,7 +33,7 @@ buffers; an exception in sglang's code is ``fail`` at the raising frame.
 from __future__ import annotations
 
 from npudoctor.engine.check import Check, Probe
-from npudoctor.deployment.facts import ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, ModelFacts, RoleFacts
+from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, RoleFacts
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
@@ -56,17 +56,7 @@ _ASSUMED = (
     Kind(
         "GQA (assumed, 48 layers, 4 KV heads)",
         "mha",
-        ModelFacts(
-            source="assumed (GQA, 48 layers, 4 KV heads)",
-            model_type=None,
-            architectures=(),
-            attention=AttentionKind.GQA,
-            num_layers=48,
-            num_heads=32,
-            num_kv_heads=4,
-            head_dim=128,
-            v_head_dim=128,
-        ),
+        ASSUMED_GQA,
     ),
 )
 

@@ -226,6 +226,18 @@ ASSUMED_MLA = replace(
     index_head_dim=None,
     index_n_heads=None,
 )
+# The GQA model checks assume when no model is given (Qwen3-30B-A3B's attention dimensions).
+ASSUMED_GQA = ModelFacts(
+    source="assumed (GQA, 48 layers, 4 KV heads)",
+    model_type=None,
+    architectures=(),
+    attention=AttentionKind.GQA,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    v_head_dim=128,
+)
 
 
 def role_facts(

@@ -28,8 +28,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.deployment.facts import Facts
+from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
@@ -94,6 +94,37 @@ def start(
     env = dict(os.environ)
     if target.source == "path":
         env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if _pool is not None:
+
+        def fresh() -> LiveRun:
+            return _spawn(target, facts, ids, on_step, fixes, env)
+
+        return _pool.start(str(target.root), ids, fixes or {}, facts, env, on_step, fresh)
+    return _spawn(target, facts, ids, on_step, fixes, env)
+
+
+# Where live runs go instead of a fresh child each: None (``npudoctor check``: one run, one child)
+# or a ``npudoctor.live.zygote.Pool`` a caller that runs many installed with ``serve_from``.
+_pool = None
+
+
+def serve_from(pool):
+    """Serve this process's live runs from ``pool`` (None: a fresh child each again); returns the
+    pool served from before."""
+    global _pool
+    previous, _pool = _pool, pool
+    return previous
+
+
+def _spawn(
+    target: Target,
+    facts: Facts,
+    ids: list[str],
+    on_step: Callable[[str], None] | None,
+    fixes: dict[str, dict[str, str]] | None,
+    env: dict[str, str],
+) -> LiveRun:
+    """Start a fresh child interpreter for the run, the request on its stdin."""
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
         {
@@ -204,6 +235,63 @@ def _stood_in_note(outcome: LiveOutcome) -> str:
     )
 
 
+def import_for(check_id: str, check: Check, outcome: LiveOutcome) -> None:
+    """Import the modules ``check``'s live probe needs, standing in what this host lacks; a check
+    whose modules do not import is ``not_run`` (the others may still import)."""
+    from npudoctor.live import standins
+
+    try:
+        standins.import_with_stand_ins(check.live_imports, check_id)
+    except Exception as error:
+        outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}"
+
+
+def imports_done(outcome: LiveOutcome, fixes: dict[str, dict[str, str]]) -> None:
+    """After the last import: what was stood in, and what became of each runtime fix."""
+    from npudoctor.live import standins
+    from npudoctor.patching import activation
+
+    if standins.stood_in:
+        gc.collect()  # classes of an import attempt that failed halfway must not be found again
+    outcome.stood_in = dict(standins.stood_in)
+    outcome.fixes = {
+        fix_id: activation.outcomes().get(fix_id, "not applied: the probes imported none of its modules")
+        for fix_id in fixes
+    }
+
+
+def probe_all(wanted: dict[str, Check], target: Target, facts: Facts, outcome: LiveOutcome, step) -> None:
+    """Run the live probe of each imported check of ``wanted`` into ``outcome`` (the phase after the
+    imports; ``npudoctor.live.zygote`` runs it too, in a process forked after them)."""
+    from npudoctor.live import standins
+    from npudoctor.live.npusim import npu_runtime
+
+    for check_id, check in wanted.items():
+        if check_id in outcome.not_run:
+            continue
+        step(check_id)
+        started = time.perf_counter()
+        try:
+            with npu_runtime(), standins.probing():
+                probe = check.live(target, facts)
+        except standins.StoodInError as reached:
+            probe = _cannot_tell(reached.module, str(reached))
+        except ModuleNotFoundError as error:
+            if not error.name or error.name.split(".")[0] == "sglang":
+                outcome.errors[check_id] = _described(error)
+                continue
+            probe = _cannot_tell(error.name, f"the probe imported {error.name}, not installed on this host")
+        except Exception as error:
+            outcome.errors[check_id] = _described(error)
+            continue
+        finally:
+            outcome.probe_seconds[check_id] = time.perf_counter() - started
+            _release_probe_memory()
+        if outcome.stood_in:
+            probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
+        outcome.probes[check_id] = probe
+
+
 def _child() -> int:
     """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
     request = pickle.loads(sys.stdin.buffer.read())
@@ -213,11 +301,10 @@ def _child() -> int:
     answer = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from npudoctor.patching import activation
-    from npudoctor.live import processstate
-    from npudoctor.live import standins
     from npudoctor.engine.check import all_checks
-    from npudoctor.live.npusim import npu_runtime, simulated_npu
+    from npudoctor.live import processstate
+    from npudoctor.live.npusim import simulated_npu
+    from npudoctor.patching import activation
     from npudoctor.target.discovery import discover
 
     outcome = LiveOutcome()
@@ -235,45 +322,11 @@ def _child() -> int:
         step("import")
         start = time.perf_counter()
         for check_id, check in wanted.items():
-            try:
-                standins.import_with_stand_ins(check.live_imports, check_id)
-            except Exception as error:  # this check's modules do not import here; the others may
-                outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}"
-        if standins.stood_in:
-            gc.collect()  # classes of an import attempt that failed halfway must not be found again
-        outcome.stood_in = dict(standins.stood_in)
-        outcome.fixes = {
-            fix_id: activation.outcomes().get(fix_id, "not applied: the probes imported none of its modules")
-            for fix_id in request["fixes"]
-        }
+            import_for(check_id, check, outcome)
+        imports_done(outcome, request["fixes"])
         outcome.import_seconds = time.perf_counter() - start
         outcome.import_rss_mb = _peak_rss_mb()
-        for check_id, check in wanted.items():
-            if check_id in outcome.not_run:
-                continue
-            step(check_id)
-            started = time.perf_counter()
-            try:
-                with npu_runtime(), standins.probing():
-                    probe = check.live(target, request["facts"])
-            except standins.StoodInError as reached:
-                probe = _cannot_tell(reached.module, str(reached))
-            except ModuleNotFoundError as error:
-                if not error.name or error.name.split(".")[0] == "sglang":
-                    outcome.errors[check_id] = _described(error)
-                    continue
-                probe = _cannot_tell(
-                    error.name, f"the probe imported {error.name}, not installed on this host"
-                )
-            except Exception as error:
-                outcome.errors[check_id] = _described(error)
-                continue
-            finally:
-                outcome.probe_seconds[check_id] = time.perf_counter() - started
-                _release_probe_memory()
-            if outcome.stood_in:
-                probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
-            outcome.probes[check_id] = probe
+        probe_all(wanted, target, request["facts"], outcome, step)
     outcome.peak_rss_mb = _peak_rss_mb()
     answer.write(pickle.dumps(outcome))
     answer.close()

@@ -17,7 +17,7 @@ bound to the instance, as its first argument. ``revert()`` removes exactly those
 with ``wrapt.unwrap_object``, which restores the original attribute where it was defined,
 or deletes one the fix added.
 
-The ``npudoctor run`` bootstrap (``npudoctor/bootstrap/sitecustomize.py``) runs at every
+The ``npudoctor run`` bootstrap (``npudoctor/patching/bootstrap/sitecustomize.py``) runs at every
 interpreter start, most of which never import sglang (pip, compilers, helper scripts): it
 only puts a finder on ``sys.meta_path`` that calls ``bootstrap()`` at the first lookup of
 sglang, so importing this module and wrapt (which imports asyncio) and reading the plan cost

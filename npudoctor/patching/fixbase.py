@@ -6,8 +6,9 @@ repo's ``fixes/``, defining ``FIX = SomeFix()``). It names the functions it repl
 request it ports and its safety. Before anything is patched, ``npudoctor.patching.planning.decide`` asks two
 questions of the target:
 
-1. does the target have the defect? The fix's own check must say ``fail`` at the static
-   depth for the deployment (a release without the defect gets no patch: "not needed");
+1. does the target have the defect? The fix's own check must say ``fail`` for the deployment
+   (its verdict at the depth asked, ``auto`` by default: the one ``npudoctor check`` gives; a
+   release without the defect gets no patch: "not needed");
 2. is the code the shape the fix was written for? The *shape* is a fingerprint of every
    replaced and anchor function as the target resolves it (through the class MRO, so an
    inherited method counts), hashed from its normalised ``ast`` (formatting, comments

@@ -135,23 +135,42 @@ def decisions(fixes: list[Fix], target: Target, results: list[Result], allow_uns
     return [Planned(fix, decide(fix, target, verdicts[fix.id], allow_unsafe)) for fix in fixes]
 
 
+def plan_json(planned: list[Planned]) -> list[dict]:
+    """The plan as ``npudoctor fix --format json`` shows it: every fix's decision and what it replaces."""
+    return [plan_entry(p) for p in planned]
+
+
+def plan_entry(p: Planned) -> dict:
+    """One fix of a plan: its decision, and what it replaces in this code (``--apply`` records a
+    fix it applies with the same values, ``record_document``)."""
+    return {
+        "id": p.fix.id,
+        "action": p.decision.action.value,
+        "reason": p.decision.reason,
+        "safety": p.fix.safety.value,
+        "upstream": p.fix.upstream,
+        "own": p.fix.own or None,
+        "replaces": list(p.decision.installs or p.fix.replaces),  # what this code gets
+        "release": p.decision.release,
+    }
+
+
+_RECORDED = ("release", "upstream", "safety", "replaces")  # of a plan entry, in the record's order
+
+
 def record_document(planned: list[Planned], target: Target) -> dict:
-    """What ``--apply`` records and ``npudoctor run`` hands its bootstrap."""
+    """What ``--apply`` records and ``npudoctor run`` hands its bootstrap: the fixes to apply, each
+    with the shape of the code it was decided for."""
+    recorded = {}
+    for p in planned:
+        if p.decision.action is Action.APPLY:
+            entry = plan_entry(p)
+            recorded[p.fix.id] = {"shape": p.decision.shape, **{key: entry[key] for key in _RECORDED}}
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "sglang": {"version": target.version, "path": str(target.package_dir)},
-        "fixes": {
-            p.fix.id: {
-                "shape": p.decision.shape,
-                "release": p.decision.release,
-                "upstream": p.fix.upstream,
-                "safety": p.fix.safety.value,
-                "replaces": list(p.decision.installs or p.fix.replaces),  # what this code gets
-            }
-            for p in planned
-            if p.decision.action is Action.APPLY
-        },
+        "fixes": recorded,
     }
 
 
@@ -221,11 +240,7 @@ def run_command(command: list[str], document: dict) -> int:
     imports the bootstrap's ``sitecustomize``, which enables ``document``'s fixes. The plan
     file lives in a temporary directory for the duration of the command.
     """
-    if not command:
-        raise InputError(
-            "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
-        )
-    executable = resolve_command(command[0])
+    executable = resolve_command(command)
     workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
     try:
         plan_path = workdir / "plan.json"
@@ -248,10 +263,16 @@ def run_command(command: list[str], document: dict) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def resolve_command(name: str) -> str:
-    """The executable ``npudoctor run`` starts for ``name``, as a shell finds it; else
+def resolve_command(command: list[str]) -> str:
+    """The executable ``npudoctor run`` starts for ``command``, as a shell finds it; else
     ``CommandNotFound`` with the shell's exit code: 127 when there is no such command, 126 when a
-    path names something that cannot be executed (a file without the x bit, a directory)."""
+    path names something that cannot be executed (a file without the x bit, a directory); an
+    ``InputError`` when there is no command."""
+    if not command:
+        raise InputError(
+            "run: give the command after '--' (npudoctor run -- python -m sglang.launch_server ...)"
+        )
+    name = command[0]
     found = shutil.which(name)
     if found is not None:
         return found

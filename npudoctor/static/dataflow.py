@@ -11,13 +11,10 @@ functions and for objects passed between them, still without importing anything:
   numpy, builtins, a module-level logger: ``is_external_name``);
 * resolve a type annotation or a module-level alias (``X = Y``) to the classes it names
   (``annotation_classes``, ``SourceTree.resolve_class``); the classes a function returns
-  (``return_classes``), a local or parameter holds (``name_classes``) or ``self.<attr>`` holds
-  (``self_attribute_classes``); every subclass of a class in the tree (``subclasses``), for
-  virtual dispatch through a base-class annotation (method lookup through the MRO is
-  ``SourceTree.lookup``);
-* what a class defines for its instances: dataclass fields, class variables, methods and
-  properties, and ``self`` attributes any of its methods assign, over the whole MRO
-  (``instance_attributes``);
+  (``return_classes``) or a local or parameter holds (``name_classes``); every subclass of a
+  class in the tree (``subclasses``), for virtual dispatch through a base-class annotation
+  (method lookup through the MRO is ``SourceTree.lookup``; what a class defines for its
+  instances and what ``self.<attr>`` holds is ``npudoctor.static.classdefs``);
 * how arguments of a call bind to a callee's parameters (``bind_arguments``), which local
   names are aliases of some seed expression (``aliases``), and the ``if`` tests that guard a
   statement (``enclosing_tests``).
@@ -146,7 +143,6 @@ def is_imported_from_outside(tree: SourceTree, path: Path, name: str) -> bool:
 class _Memo:
     def __init__(self) -> None:
         self.subclasses: dict[int, list[ClassInfo]] = {}
-        self.attributes: dict[int, set[str]] = {}
 
 
 def _memo(tree: SourceTree) -> _Memo:
@@ -236,48 +232,6 @@ def subclasses(tree: SourceTree, cls: ClassInfo) -> list[ClassInfo]:
     return found
 
 
-def instance_attributes(tree: SourceTree, cls: ClassInfo) -> set[str]:
-    """Names an instance of ``cls`` has: fields, class variables, methods and properties of
-    every class in its MRO, and ``self`` attributes any of their methods assign."""
-    memo = _memo(tree)
-    if id(cls) not in memo.attributes:
-        names: set[str] = set()
-        for klass in tree.mro(cls):
-            names |= klass.class_attributes
-            for method in klass.methods.values():
-                names |= _self_stores(method)
-        memo.attributes[id(cls)] = names
-    return memo.attributes[id(cls)]
-
-
-def _self_stores(func: FunctionNode) -> set[str]:
-    first = (func.args.posonlyargs + func.args.args)[:1]
-    if not first:
-        return set()
-    me = first[0].arg
-    names = set()
-    for node in ast.walk(func):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.ctx, ast.Store)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == me
-        ):
-            names.add(node.attr)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "setattr"
-            and len(node.args) >= 2
-            and isinstance(node.args[0], ast.Name)
-            and node.args[0].id == me
-            and isinstance(node.args[1], ast.Constant)
-            and isinstance(node.args[1].value, str)
-        ):
-            names.add(node.args[1].value)
-    return names
-
-
 # ----- what a name holds ---------------------------------------------------------------
 def imported_module(tree: SourceTree, path: Path, name: str) -> Path | None:
     """The tree module that ``name`` denotes in the module at ``path`` (``from pkg import mod``,
@@ -325,37 +279,6 @@ def name_classes(ref: FunctionRef, name: str) -> list[ClassInfo]:
             found = value_classes(tree, ref.path, node.value)
             if found:
                 return found
-    return []
-
-
-def self_attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[ClassInfo]:
-    """Classes ``self.<attr>`` of a ``cls`` is declared as (class-body annotation) or assigned from."""
-    for klass in tree.mro(cls):
-        for stmt in klass.node.body:
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and stmt.target.id == attr
-            ):
-                return annotation_classes(tree, klass.path, stmt.annotation)
-        for method in klass.methods.values():
-            for node in ast.walk(method):
-                target = value = annotation = None
-                if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                    target, value = node.targets[0], node.value
-                elif isinstance(node, ast.AnnAssign):
-                    target, value, annotation = node.target, node.value, node.annotation
-                if not (
-                    isinstance(target, ast.Attribute)
-                    and target.attr == attr
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id == "self"
-                ):
-                    continue
-                found = annotation_classes(tree, klass.path, annotation) if annotation is not None else []
-                found = found or (value_classes(tree, klass.path, value) if value is not None else [])
-                if found:
-                    return found
     return []
 
 

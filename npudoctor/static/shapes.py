@@ -360,7 +360,7 @@ class LayoutEvaluator:
             if func.attr in _SHAPE_PRESERVING:
                 return value
             if func.attr in ("view", "reshape"):
-                return _reshape(value, node.args, args)
+                return view(value, node.args, args)
         return UNKNOWN
 
     def _factory(self, node: ast.Call, env: _Env, method: FunctionRef) -> Any:
@@ -400,13 +400,21 @@ def _index(value: Any, index: ast.expr) -> Any:
     return UNKNOWN
 
 
-def _reshape(tensor: Tensor, nodes: list[ast.expr], values: list[Any]) -> Any:
+def view(tensor: Tensor, nodes: list[ast.expr], values: list[Any]) -> Any:
+    """``tensor.view(...)``/``.reshape(...)`` on symbols (``nodes`` as written, ``values`` evaluated).
+
+    ``.view(dtype)`` keeps the shape; a shape given as one tuple, a non-size argument, or more
+    than one ``-1`` is ``UNKNOWN``, and so is a ``-1`` next to a zero-width dimension (a placeholder
+    buffer: nothing determines it). An inferred dimension that does not divide evenly
+    (``view(-1, h, d)`` of a buffer whose rows hold ``h * d'`` elements) is kept as the fraction it
+    is: torch raises or the view reads the wrong bytes, and NPD001 must see a view that addresses
+    no token rows rather than one it cannot evaluate."""
     if len(nodes) == 1:
+        if isinstance(nodes[0], (ast.Tuple, ast.List)):
+            return UNKNOWN
         text = ast.unparse(nodes[0])
         if "dtype" in text or text.startswith("torch."):
             return tensor  # .view(dtype): same shape, another element type
-        if isinstance(nodes[0], (ast.Tuple, ast.List)):
-            return UNKNOWN
     dims: list[Sym | None] = []
     for node, value in zip(nodes, values):
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -422,10 +430,9 @@ def _reshape(tensor: Tensor, nodes: list[ast.expr], values: list[Any]) -> Any:
         for dim in dims:
             if dim is not None:
                 known = known * dim
-        inferred = tensor.numel / known
-        if not inferred.is_integral():
+        if known.coef == 0:
             return UNKNOWN
-        dims[dims.index(None)] = inferred
+        dims[dims.index(None)] = tensor.numel / known
     return Tensor(tuple(dims))
 
 

@@ -13,8 +13,8 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-
-from conftest import EXAMPLES, TRUTH, fetch_sglang, truth_present
+from support.repo import EXAMPLES, fetch_sglang
+from support.truths import TRUTH, truth_present
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without indexer
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA (MHA pool), ASCEND_USE_FIA=1

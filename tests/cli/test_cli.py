@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from support.repo import EXAMPLES, REPO
+from support.reports import json_report, result_of
 
 import npudoctor.engine.runner
 from npudoctor.engine.results import SCHEMA_VERSION
-
-from conftest import EXAMPLES, REPO, json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 

@@ -27,8 +27,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.repo import EXAMPLES, REPO
+from support.reports import result_of
+from support.truths import RELEASES, TRUTH
 
-from conftest import EXAMPLES, RELEASES, REPO, TRUTH, result_of, sweep
+from conftest import sweep
 
 CI = EXAMPLES / "ci"
 DEPLOYMENTS = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
@@ -245,7 +248,7 @@ def test_swa_example_before_callers_pass_keywords(cli, release):
     for name in ("SWATokenToKVPoolAllocator", "SWAKVPool", "NPUMHATokenToKVPool"):
         assert name in result["summary"]
     # the MHA pool inherits MHATokenToKVPool's offload methods, which index its page-major k_buffer
-    # (no FIA here) with token slots: NPD001's mha-page-major layout truth for 0.5.10 (issue 12)
+    # (no FIA here) with token slots: NPD001's mha-page-major layout truth for 0.5.10 (known.yaml)
     assert TRUTH["releases"]["0.5.10"]["NPD001"]["layouts"]["mha-page-major"]["verdict"] == "present"
     assert result_of(report, "NPD001")["status"] == "fail"
 
@@ -295,7 +298,7 @@ def test_swa_example_on_the_newest_release_warns_about_a_dropped_keyword(cli, su
 
 @pytest.mark.parametrize("state", ["0.5.12", "0.5.23"])
 def test_swa_example_other_checks(cli, subject, state):
-    # NPD001 in 0.5.12 bites this GQA model too (issue 12): without FIA its NPU MHA pool is
+    # NPD001 in 0.5.12 bites this GQA model too, beyond sglang#25249's MLA pool: without FIA its NPU MHA pool is
     # page-major and the inherited MHATokenToKVPool.get_cpu_copy indexes it with token slots
     # (IndexError live, mem_cache/memory_pool.py:992 statically) -> fail; 0.5.23 -> pass. No FIA, no PP,
     # no CP in this deployment: NPD002/3/4 do not apply. Both releases accept its arguments.

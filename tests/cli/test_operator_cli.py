@@ -1,4 +1,4 @@
-"""What an operator meets around the report (issue 14): progress in CI logs, one deployment input
+"""What an operator meets around the report: progress in CI logs, one deployment input
 for check/fix/run with one environment rule, hints that repeat the user's own flags, where
 ``fix --apply`` records and what ``--status`` says next, a tree without the Ascend backend, options
 validated before any work, and a closed or vanished stdout. Real releases from PyPI throughout."""
@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import EXAMPLES, REPO, json_report, overlay_tree, result_of
+from support.repo import EXAMPLES, REPO
+from support.reports import json_report, result_of
+from support.trees import overlay_tree
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 QWEN_PD = EXAMPLES / "qwen3-moe-pd.yaml"

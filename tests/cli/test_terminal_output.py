@@ -1,4 +1,4 @@
-"""What a person reads in a terminal, a pipe or a CI log (issue 14): every human-readable output
+"""What a person reads in a terminal, a pipe or a CI log: every human-readable output
 fits 80 columns (rich's Console reads $COLUMNS) and never splits a path, a URL or a command, the
 check report is short by default, and its hints repeat the user's own flags. Real runs of real
 sglang releases, at 80 and at 200 columns."""
@@ -11,11 +11,11 @@ import os
 import re
 
 import pytest
+from support.repo import EXAMPLES, fetch_sglang
+from support.reports import json_report, result_of
 
 from npudoctor.engine.check import all_checks
 from npudoctor.patching.fixbase import all_fixes
-
-from conftest import EXAMPLES, fetch_sglang, json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 WIDTHS = (80, 200)
@@ -167,8 +167,8 @@ def test_expired_ignore_has_advice_but_no_fix_line(cli, release, monkeypatch):
 def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release):
     """No empty bullet: an evidence with no location is "- expected: ..." (a real report of 0.5.12,
     its first NPD001 evidence without its location)."""
-    from npudoctor.formatters import text
     from npudoctor.engine.runner import CheckRequest, run
+    from npudoctor.formatters import text
 
     report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
     npd001 = next(r for r in report.results if r.id == "NPD001")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.repo import EXAMPLES
 
 from npudoctor.deployment import load
-from npudoctor.engine.errors import InputError
 from npudoctor.deployment.facts import AttentionKind, ModelFacts
 from npudoctor.deployment.launch import parse_command
-
-from conftest import EXAMPLES
+from npudoctor.engine.errors import InputError
 
 MODELS = EXAMPLES / "models"
 

@@ -119,3 +119,40 @@ def test_no_import_cycles():
 )
 def test_cycles_are_found(graph, expected):
     assert sorted(cycles(graph)) == expected
+
+
+def repeated_names(paths: list[Path]) -> dict[str, list[str]]:
+    """Module and package names used more than once among ``paths`` (relative to the engine's root):
+    ``fix.py`` beside ``fixes/``, or ``plan.py`` in two packages, make a reader ask which one."""
+    seen: dict[str, list[str]] = {}
+    for path in paths:
+        for index, part in enumerate(path.parts):
+            name = part.removesuffix(".py")
+            if name in ("__init__", "__main__") or (index < len(path.parts) - 1 and part.endswith(".py")):
+                continue
+            where = "/".join(path.parts[: index + 1])
+            if where not in seen.setdefault(name, []):
+                seen[name].append(where)
+    return {name: places for name, places in seen.items() if len(places) > 1}
+
+
+def engine_paths() -> list[Path]:
+    root = ROOTS["npudoctor"]
+    return sorted(p.relative_to(root) for p in root.rglob("*.py"))
+
+
+def test_no_module_name_is_used_twice_in_the_engine():
+    repeated = repeated_names(engine_paths())
+    assert not repeated, "names used twice: " + "; ".join(f"{n}: {', '.join(p)}" for n, p in repeated.items())
+
+
+@pytest.mark.parametrize(
+    ("paths", "expected"),
+    [
+        (["a/plan.py", "b/plan.py", "b/other.py"], {"plan": ["a/plan.py", "b/plan.py"]}),
+        (["live/probe.py", "engine/live.py"], {"live": ["live", "engine/live.py"]}),
+        (["a/__init__.py", "b/__init__.py", "a/x.py"], {}),
+    ],
+)
+def test_repeated_names_are_found(paths, expected):
+    assert repeated_names([Path(p) for p in paths]) == expected

@@ -1,7 +1,7 @@
-"""One verdict for a deployment, whichever command asks (issue 11).
+"""One verdict for a deployment, whichever command asks.
 
-* ``check.verdict`` turns (static probe, live probe) into the result by the rules of DESIGN.md
-  "One verdict"; every combination is driven through a real check;
+* ``check.verdict`` turns (static probe, live probe) into the result by the rules of the
+  repository's DESIGN.md ("The verdict"); every combination is driven through a real check;
 * a defect only the live probe sees (0.5.12, Qwen3-MoE PD without FIA: sglang's own offload
   raises IndexError where the static probe saw nothing) is ``fail`` and exit 1 at auto depth; the
   fixed release passes; ``fix`` plans the fix there, ``--with-fix`` and ``npudoctor run`` cure it;
@@ -17,12 +17,14 @@ import subprocess
 import sys
 
 import pytest
+from support.repo import EXAMPLES
+from support.reports import result_of
 
 from npudoctor.engine.check import Probe, all_checks, verdict
 from npudoctor.engine.evaluate import NO_LIVE_PROBE_APPLIES
 from npudoctor.engine.results import Depth, Evidence, Status
 
-from conftest import EXAMPLES, QUICK_STATES, fixprobe, result_of
+from conftest import QUICK_STATES, fixprobe
 
 CHECK = next(c for c in all_checks() if c.id == "NPD001")
 MHA_PD = EXAMPLES / "qwen3-moe-pd.yaml"  # FIA off: the NPU MHA pool is page-major
@@ -81,7 +83,7 @@ def test_live_only_failure_is_fail_and_exit_1(cli, release):
     assert (result["status"], result["depth"]) == ("fail", "live"), result
     assert "IndexError" in result["evidence"][0]["observed"]
     assert result["evidence"][0]["location"]["path"] == "sglang/srt/mem_cache/memory_pool.py"
-    # issue 12 closed the static gap: the static probe alone now sees the page-major view the
+    # no static gap any more: the static probe alone sees the page-major view the
     # inherited get_cpu_copy indexes with token slots (mem_cache/memory_pool.py:992), so no note
     assert not any("static depth: pass" in a for a in result["assumptions"])
     code, out, _ = cli("check", "-f", "json", "--sglang-path", release("0.5.12"), "--config", MHA_PD,

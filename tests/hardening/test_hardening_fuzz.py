@@ -27,12 +27,11 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from support.repo import EXAMPLES as EXAMPLE_DIR
 
 import npudoctor.engine.runner
 from npudoctor.cli import main
 from npudoctor.target.discovery import discover
-
-from conftest import EXAMPLES as EXAMPLE_DIR
 
 # bounded so the suite stays fast; NPUDOCTOR_FUZZ_EXAMPLES=5000 for a deeper local run
 EXAMPLES = int(os.environ.get("NPUDOCTOR_FUZZ_EXAMPLES", "150"))

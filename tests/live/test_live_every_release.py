@@ -1,4 +1,4 @@
-"""The live depth runs on every sglang release on PyPI from 0.4.10 to the newest (issue 11).
+"""The live depth runs on every sglang release on PyPI from 0.4.10 to the newest.
 
 One CPU dependency set (requirements-live.txt) for all of them: what a release imports and this
 host lacks is stood in (``npudoctor.live.standins``) and named in the report. For each release and each
@@ -10,8 +10,10 @@ The releases come from PyPI's index (kept in the release cache after the first r
 from __future__ import annotations
 
 import pytest
+from support.repo import EXAMPLES, fetch_sglang
+from support.truths import KIND_FAMILY, TRUTH, expected_status
 
-from conftest import EXAMPLES, KIND_FAMILY, QUICK_STATES, TRUTH, expected_status, fetch_sglang, sweep
+from conftest import QUICK_STATES, sweep
 
 OLDEST = "0.4.10"
 DEPLOYMENTS = {

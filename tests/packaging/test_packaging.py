@@ -6,10 +6,10 @@ import subprocess
 import sys
 import zipfile
 
+from support.repo import REPO
+
 import npudoctor.checks
 import npudoctor.fixes
-
-from conftest import REPO
 
 
 def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):
@@ -25,7 +25,7 @@ def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):
     for path in sorted((REPO / "checks").glob("*/*.py")):
         assert f"npudoctor/checks/{path.parent.name}/{path.name}" in names, path
     assert "npudoctor/fixes/__init__.py" in names
-    assert "npudoctor/bootstrap/sitecustomize.py" in names  # what `npudoctor run` puts on PYTHONPATH
+    assert "npudoctor/patching/bootstrap/sitecustomize.py" in names  # what `npudoctor run` puts on PYTHONPATH
     assert "npudoctor/data/server_args.json" in names  # every release's ServerArgs fields and flags
     assert not any(n.startswith(("checks/", "fixes/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -1,4 +1,4 @@
-"""A plain `pip install npudoctor` (no torch, no sglang) in a fresh venv: a slim CI image (issue 11).
+"""A plain `pip install npudoctor` (no torch, no sglang) in a fresh venv: a slim CI image.
 
 The static depth, every report format, ``list``, ``explain``, ``env`` and the fix plan work there;
 ``--depth auto`` reports why the live depth did not run and gives the static verdicts. The venv is
@@ -15,8 +15,7 @@ import venv
 from pathlib import Path
 
 import pytest
-
-from conftest import EXAMPLES, REPO
+from support.repo import EXAMPLES, REPO
 
 pytestmark = pytest.mark.slow  # builds a venv and installs into it (~1 min)
 FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")

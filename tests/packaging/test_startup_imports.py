@@ -1,4 +1,4 @@
-"""What a process imports before it does its work (issue 13: start-up cost).
+"""What a process imports before it does its work: start-up cost is paid by every process.
 
 Every Python process `npudoctor run` starts pays for its bootstrap, most of them never import
 sglang; every `check` pays for what its command line imports. These tests run real processes
@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.repo import EXAMPLES
 
 from npudoctor.engine.check import all_checks
 from npudoctor.patching.planning import BOOTSTRAP_DIR
-
-from conftest import EXAMPLES
 
 PROBES = sorted(
     f"npudoctor.checks.{path.parent.name}.{path.stem}"

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import EXAMPLES, drop_fia_page_factor, json_report, result_of
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import drop_fia_page_factor
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
@@ -77,7 +79,7 @@ def test_no_cache_writes_nothing(cli, release, static_cache, monkeypatch):
 
 def test_advise_json_carries_the_cached_reports_unchanged(cli, release, monkeypatch):
     """A warm advise gives the cold one's answer (the reports differ in nothing but timing)."""
-    from conftest import fetch_sglang
+    from support.repo import fetch_sglang
 
     monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
     release("0.5.12")

@@ -1,4 +1,4 @@
-"""Remediation texts come from where the property holds in the release history (issue 11).
+"""Remediation texts come from where the property holds in the release history.
 
 ``npudoctor/data/history.json`` is every check's verdict on every release for the witness
 deployments (scripts/release_history.py). It must agree with the team's verified truths, and a
@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.repo import EXAMPLES
+from support.reports import result_of
+from support.truths import TRUTH
 
-from npudoctor.target import history
-from npudoctor.deployment.load import from_yaml
 from npudoctor.deployment.facts import NO_DEPLOYMENT
-
-from conftest import EXAMPLES, TRUTH, result_of
+from npudoctor.deployment.load import from_yaml
+from npudoctor.target import history
 
 DATA = json.loads(history.DATA.read_text())
 SCENARIO = {  # the witness on which each check's truths are stated (tests/patching/test_fixes.py SCENARIOS)
@@ -124,9 +125,9 @@ def test_history_takes_only_reports_that_answer_its_question(tmp_path):
     turned DeepSeek-V3's NPD005 failure into a pass)."""
     import importlib.util
 
-    from npudoctor.engine.check import all_checks
+    from support.repo import REPO
 
-    from conftest import REPO
+    from npudoctor.engine.check import all_checks
 
     spec = importlib.util.spec_from_file_location("release_history", REPO / "scripts" / "release_history.py")
     script = importlib.util.module_from_spec(spec)

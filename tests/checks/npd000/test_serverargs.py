@@ -14,15 +14,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.repo import EXAMPLES, REPO
+from support.reports import json_report, result_of
+from support.truths import RELEASES, TRUTH
 
 from npudoctor.deployment import load
-from npudoctor.engine.errors import InputError
 from npudoctor.deployment.facts import GivenArgument
 from npudoctor.deployment.serverargs import history, read_table, validate_arguments
+from npudoctor.engine.errors import InputError
 from npudoctor.static.source import SourceTree
 from npudoctor.target.discovery import discover
 
-from conftest import EXAMPLES, RELEASES, REPO, TRUTH, json_report, result_of, sweep
+from conftest import sweep
 
 MODEL = EXAMPLES / "models" / "qwen3-30b-a3b"
 HISTORY_RELEASES = list(history().releases)

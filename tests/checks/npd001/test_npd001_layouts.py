@@ -1,4 +1,5 @@
-"""NPD001 over every NPU pool layout a decode server builds (issue 12): the view the offload methods
+"""NPD001 over every NPU pool layout a decode server builds, not only the MLA pool of sglang#25249
+(the property, not the diff): the view the offload methods
 index with token slots must address the tokens set_kv_buffer writes. Real releases; expectations
 from known.yaml (the NPD001 verdict for the MLA pool, its ``layouts`` for the MHA pool without FIA
 and with v_head_dim != head_dim). Static and live must agree; the fix cures the live probe.
@@ -10,10 +11,14 @@ import json
 import re
 
 import pytest
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import replace_text
+from support.truths import RELEASES, TRUTH, truth_present
 
 from npudoctor.static.source import SourceTree
 
-from conftest import EXAMPLES, RELEASES, TRUTH, json_report, replace_text, result_of, sweep, truth_present
+from conftest import sweep
 
 MHA_PD = EXAMPLES / "qwen3-moe-pd.yaml"  # FIA off: page-major NPU MHA pool
 DEPLOYMENTS = {

@@ -1,4 +1,5 @@
-"""NPD004 over the whole NPU CP prefill path (issue 12, item 4): every NPU reader of CP metadata
+"""NPD004 over the whole NPU CP prefill path, not only ``do_cp_attn_fia`` where sglang#26705 was
+seen (the property, not the diff): every NPU reader of CP metadata
 for the deployment's attention family (MHA/GQA with FIA, MLA, MLA with the DSA/NSA indexer) and
 the CP strategy it selects, on real releases with the flags each release accepts.
 
@@ -15,8 +16,12 @@ import json
 from pathlib import Path
 
 import pytest
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import replace_text
+from support.truths import TRUTH
 
-from conftest import EXAMPLES, TRUTH, json_report, replace_text, result_of, sweep
+from conftest import sweep
 
 MODELS = EXAMPLES / "models"
 STRATEGIES = TRUTH["cp_strategies"]["NPD004"]

@@ -9,20 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import NPU_BACKEND, method_span, replace_text
+from support.truths import RELEASES, TRUTH, expected_status, truth_locations
 
-from conftest import (
-    EXAMPLES,
-    NPU_BACKEND,
-    RELEASES,
-    TRUTH,
-    expected_status,
-    json_report,
-    method_span,
-    replace_text,
-    result_of,
-    sweep,
-    truth_locations,
-)
+from conftest import sweep
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 BACKEND = NPU_BACKEND

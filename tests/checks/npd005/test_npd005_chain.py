@@ -1,4 +1,4 @@
-"""NPD005 over every call the offload path makes (issue 12, item 5): not only the two copy
+"""NPD005 over every call the offload path makes (the property, not the diff of sglang#24026): not only the two copy
 methods, but every call the scheduler's offload functions and the allocator -> pool -> sub-pool
 chain make on the way (``get_kvcache()``, flags read on the pool, the NPU pools' helpers, the
 composite pools' sub-pool and mamba-pool calls), each bound to what the class the deployment
@@ -16,15 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import (
-    EXAMPLES,
-    RELEASES,
-    json_report,
-    replace_text,
-    result_of,
-    truth_present,
-)
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import replace_text
+from support.truths import RELEASES, truth_present
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + indexer
@@ -86,10 +81,10 @@ def test_every_release_and_deployment_binds_beyond_the_known_defect(release, ver
     """Every call of every deployment's offload path, on every release with truths: the only calls
     that do not bind are the copy methods the truths name (0.5.13/0.5.14), no sibling elsewhere."""
     from npudoctor.checks.npd005_offload_signatures.chain import walk
-    from npudoctor.checks.npd005_offload_signatures.static import _OffloadGraph
+    from npudoctor.checks.npd005_offload_signatures.static import OffloadGraph
     from npudoctor.static.source import SourceTree
 
-    graph = _OffloadGraph(SourceTree(release(version) / "sglang"))
+    graph = OffloadGraph(SourceTree(release(version) / "sglang"))
     for kind, (families, sliding, hybrid) in SCOPE.items():
         chain = walk(graph, graph.path(families, sliding, hybrid), hybrid)
         failing = chain.failing()

@@ -17,13 +17,15 @@ import json
 from pathlib import Path
 
 import pytest
+from support.repo import EXAMPLES
+from support.trees import replace_text
 
 from npudoctor.deployment.load import from_yaml
 from npudoctor.patching.fixbase import fix_by_id
 from npudoctor.patching.planning import Action, plan
 from npudoctor.target.discovery import discover
 
-from conftest import EXAMPLES, fixprobe, replace_text
+from conftest import fixprobe
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_MOE = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool
@@ -111,9 +113,9 @@ def test_0514_only_the_mla_pool_is_replaced(probe):
 def test_replacements_take_every_keyword_the_installed_callers_pass_to_a_pool(version, release):
     """The keyword set is NPD005's own reading of the installed source (every call that can reach
     a KV pool), not a list in the fix."""
-    from npudoctor.checks.npd005_offload_signatures.static import POOL, _OffloadGraph
+    from npudoctor.checks.npd005_offload_signatures.static import POOL, OffloadGraph
 
-    graph = _OffloadGraph(discover(release(version)).tree)
+    graph = OffloadGraph(discover(release(version)).tree)
     passed = {k for site in graph.sites if site.family == POOL for k in site.shape.keywords}
     assert passed == {"mamba_indices"}, passed
     fix = fix_by_id("NPD005")

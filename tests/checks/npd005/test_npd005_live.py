@@ -11,22 +11,21 @@ import json
 import re
 
 import pytest
-
-from conftest import (
-    EXAMPLES,
+from npd005_support import NPD005_POOL_DEFS
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import replace_text
+from support.truths import (
     KIND_FAMILY,
-    NPD005_POOL_DEFS,
     RELEASES,
     TRUTH,
     expected_status,
-    json_report,
-    replace_text,
-    result_of,
-    sweep,
     truth_locations,
     truth_present,
     truth_verdict,
 )
+
+from conftest import sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.truths import RELEASES, expected_status, truth_locations
 
-from conftest import (
-    EXAMPLES,
-    RELEASES,
-    expected_status,
-    json_report,
-    result_of,
-    sweep,
-    truth_locations,
-)
+from conftest import sweep
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without the NSA indexer
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA with the indexer, decode with MTP

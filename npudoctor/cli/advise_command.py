@@ -1,0 +1,113 @@
+"""``npudoctor advise``: which sglang release to run for a deployment."""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import npudoctor  # its __version__ is looked up on use: --help never needs it
+from npudoctor.cli import output
+from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
+from npudoctor.cli.options import (
+    DEPLOYMENT_HELP,
+    Depth,
+    FailOn,
+    FailOnOption,
+    IgnoreOption,
+    OutputOption,
+    QuietOption,
+    SelectOption,
+)
+
+EPILOG = (
+    "Releases: by default every release on the package index from the installed sglang to the "
+    "newest; --releases 0.5.9..0.5.23 (or A.., A,B,C) a range of the index; --wheel-dir DIR the "
+    "wheels in DIR, offline (with --releases: those of them in the range); --sglang-path (repeatable) "
+    "trees of your own, checked first. Wheels are fetched once with `pip download --no-deps` into "
+    "$NPUDOCTOR_SGLANG_CACHE (default ~/.cache/npudoctor/sglang); a release that cannot be had is a "
+    "row saying why.\n\n" + DEPLOYMENT_HELP + "\n\n"
+    "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
+    "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
+    "checked (or no sglang to start from)."
+)
+
+
+class AdviseFormat(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+    junit = "junit"
+    sarif = "sarif"
+    github = "github"
+
+
+@takes_deployment
+def advise(
+    deployment: DeploymentOptions,
+    releases: Annotated[
+        str | None,
+        typer.Option("--releases", "-r", metavar="A..B", help="Releases to check: A..B, A.., A,B,C or A."),
+    ] = None,
+    wheel_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--wheel-dir", metavar="DIR", help="Check the sglang wheels in this directory (offline)."
+        ),
+    ] = None,
+    sglang_path: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--sglang-path",
+            metavar="DIR",
+            help="Also check this unpacked wheel or source tree, first (repeatable).",
+        ),
+    ] = None,
+    depth: Annotated[
+        Depth, typer.Option(help="static (default): read each release's source; auto/live: also run it.")
+    ] = Depth.static,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            metavar="N",
+            help="Releases checked at once (default 0: one per core).",
+        ),
+    ] = 0,
+    select: SelectOption = None,
+    output_format: Annotated[AdviseFormat, typer.Option("--format", "-f")] = AdviseFormat.text,
+    output_path: OutputOption = None,
+    fail_on: FailOnOption = FailOn.fail,
+    ignore: IgnoreOption = None,
+    quiet: QuietOption = False,
+) -> None:
+    """Which sglang release to run for this deployment: check a range of releases and recommend."""
+    from npudoctor.engine.advise import AdviseRequest, exit_status
+    from npudoctor.engine.advise import advise as check_releases
+    from npudoctor.formatters import advice as advice_format
+
+    output.require_destination(output_path, github=output_format is AdviseFormat.github)
+    request = AdviseRequest(
+        check=deployment.check_request(depth, select=select, fail_on=fail_on, ignore=ignore),
+        releases=releases,
+        wheel_dir=wheel_dir,
+        sglang_paths=list(sglang_path or []),
+        jobs=jobs,
+    )
+    say = (lambda _line: None) if quiet else output.say
+    started = time.perf_counter()
+    result = check_releases(request, on_row=lambda i, n, row: say(advice_format.row_line(i, n, row)))
+    say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
+    fmt = output_format.value
+    if fmt == "text" and output_path is None:
+        advice_format.print_text(result, output.console())
+    else:
+        output.write(advice_format.render(result, fmt, npudoctor.__version__), output_path)
+    if fmt == "github":
+        output.step_summary(lambda path: advice_format.write_step_summary(result, path))
+    raise typer.Exit(exit_status(result))

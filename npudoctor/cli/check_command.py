@@ -1,0 +1,100 @@
+"""``npudoctor check``: probe sglang against a deployment and report."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from npudoctor.cli import output
+from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
+from npudoctor.cli.options import (
+    DEPLOYMENT_HELP,
+    EXIT_CODES_HELP,
+    Depth,
+    FailOn,
+    FailOnOption,
+    IgnoreOption,
+    OutputOption,
+    QuietOption,
+    SelectOption,
+    SglangPathOption,
+    ids,
+)
+from npudoctor.engine.errors import ExitCode
+
+EPILOG = DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    junit = "junit"
+    sarif = "sarif"
+    github = "github"
+    markdown = "markdown"
+
+
+@takes_deployment
+def check(
+    deployment: DeploymentOptions,
+    sglang_path: SglangPathOption = None,
+    depth: Annotated[
+        Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
+    ] = (Depth.auto),
+    select: SelectOption = None,
+    output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
+    output_path: OutputOption = None,
+    fail_on: FailOnOption = FailOn.fail,
+    ignore: IgnoreOption = None,
+    with_fix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--with-fix",
+            metavar="ID",
+            help="Run the live probes with this runtime fix applied, as `npudoctor run --select ID` would "
+            "(repeatable): shows whether the fix cures the deployment.",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Text: every check's details, not only the findings'.")
+    ] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.engine.progress import Progress
+    from npudoctor.engine.runner import run as run_checks
+
+    output.require_destination(output_path, github=output_format is Format.github)
+    request = deployment.check_request(
+        depth,
+        select=select,
+        fail_on=fail_on,
+        ignore=ignore,
+        sglang_path=sglang_path,
+        with_fixes=ids(with_fix),
+    )
+    report = run_checks(request, progress=Progress.for_stderr(quiet))
+    format_name = output_format.value if output_format else "text"
+    _emit(report, format_name, output_path, verbose, request.repeated_args())
+    raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
+
+
+def _emit(report, format_name: str, output_path: Path | None, verbose: bool, fix_args: list[str]) -> None:
+    from npudoctor.formatters import renderer
+
+    if format_name == "text":
+        from npudoctor.formatters import text
+
+        if output_path is None:
+            text.print_report(output.console(), report, verbose=verbose, fix_args=fix_args)
+        else:
+            output.write(text.render(report, verbose=verbose, fix_args=fix_args), output_path)
+    else:
+        output.write(renderer(format_name)(report), output_path)
+    if format_name == "github":
+        from npudoctor.formatters.github import write_step_summary
+
+        output.step_summary(lambda path: write_step_summary(report, path))

@@ -1,0 +1,156 @@
+"""The deployment options ``check``, ``fix``, ``run`` and ``advise`` share, and the check request
+they make."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from npudoctor.cli.options import Depth, FailOn, ids
+from npudoctor.engine.errors import InputError
+
+if TYPE_CHECKING:
+    from npudoctor.engine.runner import CheckRequest
+
+
+class Role(str, Enum):
+    null = "null"
+    prefill = "prefill"
+    decode = "decode"
+
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", metavar="FILE", help="Deployment YAML (model, env, roles, ignore)."),
+]
+ModelPathOption = Annotated[
+    Path | None,
+    typer.Option("--model-path", metavar="DIR", help="Local model directory (its config.json is read)."),
+]
+RoleOption = Annotated[
+    Role | None, typer.Option("--disaggregation-mode", help="With --model-path: the server's PD role.")
+]
+PpSizeOption = Annotated[int | None, typer.Option("--pp-size", min=1, metavar="N", help="With --model-path.")]
+TpSizeOption = Annotated[int | None, typer.Option("--tp-size", min=1, metavar="N", help="With --model-path.")]
+PageSizeOption = Annotated[
+    int | None, typer.Option("--page-size", min=1, metavar="N", help="With --model-path.")
+]
+EnvOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env", "-e", metavar="NAME=VALUE", help="With --model-path: an environment variable (repeatable)."
+    ),
+]
+IsolatedOption = Annotated[
+    bool,
+    typer.Option(
+        "--isolated",
+        help="Do not read the shell's environment: the deployment's variables are only those it sets.",
+    ),
+]
+
+# The deployment options, in the order --help lists them: (parameter, its typer annotation, default).
+_OPTIONS = (
+    ("config", ConfigOption, None),
+    ("model_path", ModelPathOption, None),
+    ("role", RoleOption, None),
+    ("pp_size", PpSizeOption, None),
+    ("tp_size", TpSizeOption, None),
+    ("page_size", PageSizeOption, None),
+    ("env", EnvOption, None),
+    ("isolated", IsolatedOption, False),
+)
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    """The deployment as the command line describes it: the words after ``--`` (a launch command;
+    for ``run``, the command to run) and the deployment options."""
+
+    launch_command: tuple[str, ...]
+    config: Path | None
+    model_path: Path | None
+    role: Role | None
+    pp_size: int | None
+    tp_size: int | None
+    page_size: int | None
+    env: tuple[str, ...]
+    isolated: bool
+
+    def check_request(
+        self,
+        depth: Depth,
+        select: list[str] | None = None,
+        fail_on: FailOn = FailOn.fail,
+        ignore: list[str] | None = None,
+        sglang_path: Path | None = None,
+        with_fixes: list[str] | None = None,
+    ) -> CheckRequest:
+        """The ``CheckRequest`` of this deployment and the command's own options."""
+        from npudoctor.engine.runner import CheckRequest
+
+        if self.launch_command and self.launch_command[0].startswith("-"):
+            raise InputError(f"unknown option {self.launch_command[0]!r} (a launch command goes after '--')")
+        flags = {
+            key: value
+            for key, value in (
+                ("disaggregation_mode", self.role.value if self.role else None),
+                ("pp_size", self.pp_size),
+                ("tp_size", self.tp_size),
+                ("page_size", self.page_size),
+            )
+            if value is not None
+        }
+        return CheckRequest(
+            config=self.config,
+            launch_command=list(self.launch_command),
+            model_path=self.model_path,
+            server_flags=flags,
+            env_flags=list(self.env),
+            sglang_path=sglang_path,
+            depth=depth.value,
+            select=ids(select),
+            fail_on=fail_on.value,
+            ignore=list(ignore or []),
+            today=dt.date.today(),
+            with_fixes=list(with_fixes or []),
+            isolated=self.isolated,
+        )
+
+
+def takes_deployment(command: Callable) -> Callable:
+    """Give ``command`` (check, fix, run, advise) the deployment options, first in its --help, as one
+    ``DeploymentOptions``, its ``deployment`` parameter.
+
+    typer has no option groups: it reads a command's options from its signature, so the context
+    (whose extra arguments are the words after ``--``) and the options are put in the signature here."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "deployment"]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    added = [
+        inspect.Parameter(name, kind, default=default, annotation=option)
+        for name, option, default in _OPTIONS
+    ]
+    context = inspect.Parameter("ctx", kind, annotation=typer.Context)
+
+    @functools.wraps(command)
+    def with_deployment(ctx: typer.Context, **options):
+        given = {name: options.pop(name) for name, _, _ in _OPTIONS}
+        deployment = DeploymentOptions(
+            launch_command=tuple(ctx.args), **{**given, "env": tuple(given["env"] or ())}
+        )
+        return command(deployment=deployment, **options)
+
+    with_deployment.__signature__ = signature.replace(parameters=[context, *added, *own])
+    with_deployment.__annotations__ = {
+        p.name: p.annotation for p in with_deployment.__signature__.parameters.values()
+    }
+    return with_deployment

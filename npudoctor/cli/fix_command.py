@@ -1,0 +1,170 @@
+"""``npudoctor fix``: plan, apply, revert or inspect the runtime fixes (``npudoctor.patching.operations``
+does the work; this module reads the options and prints)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from npudoctor.cli import output
+from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
+from npudoctor.cli.options import (
+    DEPLOYMENT_HELP,
+    AllowUnsafe,
+    DataFormat,
+    Depth,
+    FixSelection,
+    PlanDepth,
+    QuietOption,
+    SglangPathOption,
+)
+from npudoctor.engine.errors import ExitCode, InputError
+
+EPILOG = (
+    "Without --apply, --revert or --status: print the plan (what would be patched, where, "
+    "why) and change nothing. Fixes are applied only where their check fails for the "
+    "deployment and the code is a shape the fix was written for. --apply records them beside "
+    "the sglang they fix (the directory it is imported from; --site or $NPUDOCTOR_SITE to choose), "
+    "where sglang 0.5.11+ loads them in every scheduler process; --status and --revert look there. "
+    "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
+    + DEPLOYMENT_HELP
+    + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
+    "the record no longer fits this sglang or deployment (the next command is printed); 2 usage or "
+    "input error (unknown fix id, unwritable --site, damaged record); 3 internal error; 4 no sglang "
+    "found, or it has no Ascend NPU backend."
+)
+
+
+@takes_deployment
+def fix(
+    deployment: DeploymentOptions,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Record the fixes so every sglang process applies them at start.")
+    ] = False,
+    revert: Annotated[bool, typer.Option("--revert", help="Remove everything --apply created.")] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="Show what is recorded and whether it still fits.")
+    ] = False,
+    select: FixSelection = None,
+    unsafe: AllowUnsafe = False,
+    sglang_path: SglangPathOption = None,
+    site: Annotated[
+        Path | None,
+        typer.Option(
+            "--site",
+            metavar="DIR",
+            help="Directory on sglang's sys.path for the record (default: $NPUDOCTOR_SITE, else the "
+            "directory sglang is imported from).",
+        ),
+    ] = None,
+    output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
+    depth: PlanDepth = Depth.auto,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Text: every fix's reason.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
+    from npudoctor.patching import operations
+
+    if sum((apply, revert, status)) > 1:
+        raise InputError("give at most one of --apply, --revert, --status")
+    output.require_stdout()
+    as_json = output_format is DataFormat.json
+    request = deployment.check_request(depth, select=select, sglang_path=sglang_path)
+    if revert:
+        reverted = operations.revert(site, sglang_path)
+        if reverted.removed:
+            _report(as_json, {"reverted": str(reverted.removed)}, f"removed {reverted.removed}")
+        else:
+            where = reverted.searched
+            _report(as_json, {"reverted": None}, f"nothing to revert: no fix is recorded in {where}")
+        return
+    setting = operations.fix_setting(request, site, writing=apply)
+    document = operations.recorded(setting) if status else None
+    if status and document is None:  # nothing to compare: no plan to make
+        where = operations.record_dir(setting)
+        _report(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
+        return
+    planned = operations.plan_fixes(request, setting.target, setting.facts, unsafe, quiet)
+    if status:
+        _show_status(operations.status(setting, document, planned), setting.target, as_json)
+    elif apply:
+        _show_applied(operations.apply(setting, planned), planned, setting.target, as_json)
+    else:
+        _show_plan(planned, as_json, verbose, operations.plan_hint_args(request, unsafe))
+
+
+def _show_status(found, target, as_json: bool) -> None:
+    """``fix --status``: what the record holds, whether it still fits; exit 1 with the next command
+    when it no longer does."""
+    if as_json:
+        _report(True, found.to_json(), "")
+    else:
+        console = output.console()
+        console.print(f"recorded in {escape(str(found.record))}", soft_wrap=True)
+        if found.recorded_for != target.version:
+            recorded_for, version = escape(str(found.recorded_for)), escape(str(target.version))
+            console.print(f"recorded for sglang {recorded_for}; this is sglang {version}")
+        _print_plugin_note(console, target)
+        for row in found.rows:
+            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        if found.fits:
+            console.print("the record fits this sglang and deployment")
+        else:
+            console.print("the record no longer fits; next:")
+            console.print(f"  {escape(found.next_command)}", soft_wrap=True)
+    if not found.fits:
+        raise typer.Exit(ExitCode.FINDINGS)
+
+
+def _show_plan(planned, as_json: bool, verbose: bool, fix_args: list[str]) -> None:
+    """``fix``: the plan, nothing changed; ``fix_args`` (the user's options) repeated in the hint."""
+    from npudoctor.formatters import fixplan
+    from npudoctor.patching.planning import plan_json
+
+    if as_json:
+        _report(True, {"plan": plan_json(planned)}, "")
+        return
+    fixplan.print_plan(console := output.console(), planned, verbose)
+    fixplan.print_apply_hint(console, planned, fix_args)
+
+
+def _show_applied(applied, planned, target, as_json: bool) -> None:
+    """``fix --apply``: what was recorded, and how to check and undo it."""
+    from npudoctor.formatters import fixplan
+    from npudoctor.patching.planning import plan_json
+
+    if not applied.fixes:
+        decided = "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned)
+        _report(as_json, {"applied": [], "plan": plan_json(planned)}, f"nothing to apply: {decided}")
+        return
+    if as_json:
+        data = {"applied": applied.fixes, "record": str(applied.record), "plan": plan_json(planned)}
+        _report(True, data, "")
+        return
+    console = output.console()
+    fixplan.print_plan(console, planned, False)
+    console.print(f"recorded {', '.join(applied.fixes)} in {escape(str(applied.record))}", soft_wrap=True)
+    _print_plugin_note(console, target)
+    console.print(f"check it: {escape(shlex.join(applied.status_command))}", soft_wrap=True)
+    console.print(f"undo it:  {escape(shlex.join(applied.undo_command))}", soft_wrap=True)
+
+
+def _print_plugin_note(console: Console, target) -> None:
+    from npudoctor.patching.operations import plugin_note
+
+    note = plugin_note(target)
+    console.print(f"[bold]note[/]: {note.text}" if note.warning else note.text)
+
+
+def _report(as_json: bool, data: dict, text: str) -> None:
+    """``data`` as JSON, or ``text`` as a line."""
+    if as_json:
+        output.write(json.dumps(data, indent=2) + "\n")
+    else:
+        output.console().print(escape(text))

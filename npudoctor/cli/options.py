@@ -1,0 +1,92 @@
+"""The option types and help texts more than one command shares."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+EXIT_CODES_HELP = """
+Exit codes (stable, never renumbered):
+0 no finding at or above --fail-on;
+1 findings;
+2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
+3 internal error;
+4 nothing to check (no sglang found).
+"""
+
+DEPLOYMENT_HELP = (
+    "Deployment, one of: --config deploy.yaml; the launch command after '--' "
+    "(npudoctor check -- python -m sglang.launch_server --model-path M --pp-size 2 ...); --model-path DIR "
+    "with --disaggregation-mode, --pp-size, --tp-size, --page-size and --env. In every form the shell's "
+    "ASCEND_*, SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read, and what the "
+    "deployment sets wins (--isolated reads none). With no deployment, every check assumes the "
+    "conditions under which its defect bites and says so."
+)
+
+
+class Depth(str, Enum):
+    static = "static"
+    live = "live"
+    auto = "auto"
+
+
+class DataFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class FailOn(str, Enum):
+    fail = "fail"
+    warn = "warn"
+
+
+# Options `fix` and `run` share.
+FixSelection = Annotated[
+    list[str] | None,
+    typer.Option("--select", "-s", metavar="ID", help="Only these fix ids (repeatable, or ID,ID)."),
+]
+AllowUnsafe = Annotated[
+    bool, typer.Option("--unsafe", help="Also apply fixes that change running behaviour.")
+]
+PlanDepth = Annotated[
+    Depth,
+    typer.Option(
+        help="The depth the checks decide at, as in `npudoctor check`: auto runs the live probes where "
+        "the target imports, so a defect only sglang's own code shows is fixed too."
+    ),
+]
+
+# Options of `check`, `advise` and `fix`.
+SglangPathOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--sglang-path",
+        metavar="DIR",
+        help="This unpacked wheel or source tree instead of the installed sglang.",
+    ),
+]
+SelectOption = Annotated[
+    list[str] | None,
+    typer.Option("--select", "-s", metavar="ID", help="Run only these check ids (repeatable, or ID,ID)."),
+]
+OutputOption = Annotated[
+    Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report here, not stdout.")
+]
+FailOnOption = Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")]
+IgnoreOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore",
+        metavar="ID[:DATE]",
+        help="Accept this check's finding (until DATE, YYYY-MM-DD; repeatable).",
+    ),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
+
+
+def ids(values: list[str] | None) -> list[str]:
+    """Repeatable id options, each also taking a comma-separated list."""
+    return [s for item in (values or []) for s in item.split(",") if s]

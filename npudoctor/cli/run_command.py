@@ -1,0 +1,68 @@
+"""``npudoctor run -- CMD...``: run a command (an sglang server) with the runtime fixes its sglang needs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from npudoctor.cli import output
+from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
+from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth
+from npudoctor.engine.errors import InputError
+
+EPILOG = (
+    "Every Python process the command starts, sglang's spawned schedulers included, applies "
+    "the fixes when sglang's modules are imported (a sitecustomize on PYTHONPATH); works for "
+    "every sglang release. Before it starts, one line on stderr says which fixes apply "
+    "(--verbose: every fix's decision; --quiet: nothing unless a fix applies). The deployment is "
+    "the launch command's, unless --config or --model-path describes it; the shell's ASCEND_*, "
+    "SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read (what the deployment sets "
+    "wins; --isolated reads none). A command that is not an sglang launch npudoctor can read gets the "
+    "fixes for the worst case. Exit code: the command's; 126/127 when it cannot run or is not found; "
+    "2 for bad npudoctor options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
+)
+
+
+@takes_deployment
+def run(
+    deployment: DeploymentOptions,
+    select: FixSelection = None,
+    unsafe: AllowUnsafe = False,
+    depth: PlanDepth = Depth.auto,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Every fix's decision, on stderr.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress; say nothing when no fix applies.")
+    ] = False,
+) -> None:
+    """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
+    from npudoctor.patching import operations, planning
+    from npudoctor.target.discovery import discover
+
+    command = list(deployment.launch_command)
+    if command and command[0].startswith("-"):
+        raise InputError(f"unknown option {command[0]!r} (the command goes after '--')")
+    planning.resolve_command(command)  # 127/126 before any planning
+    request = deployment.check_request(depth, select=select)
+    facts = operations.run_deployment(request)
+    target = discover()
+    if target.has_ascend_backend:
+        planned = operations.plan_fixes(request, target, facts, unsafe, quiet)
+    else:
+        planned = []
+        if not quiet:
+            output.say(f"sglang {target.version} has no Ascend NPU backend: no runtime fix applies")
+    document = planning.record_document(planned, target)
+    if verbose:
+        for p in planned:
+            output.say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
+    applied = sorted(document["fixes"])
+    if applied:
+        output.say(
+            f"applying {', '.join(applied)} to sglang {target.version} in every process of the command"
+        )
+    elif planned and not quiet:
+        output.say(f"no runtime fix applies to sglang {target.version} for this deployment")
+    raise typer.Exit(planning.run_command(command, document))

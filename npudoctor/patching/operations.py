@@ -1,0 +1,201 @@
+"""What ``npudoctor fix`` and ``npudoctor run`` do, apart from reading options and printing.
+
+``fix`` plans (the default), records (``--apply``), compares (``--status``) or removes
+(``--revert``) the fixes of one sglang and deployment; ``run`` plans the same way for the
+command it starts. The decisions themselves are ``npudoctor.patching.planning``'s; the record
+is ``npudoctor.patching.records``'. Like them, this module never imports sglang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from npudoctor.engine.errors import InputError, NoTargetError
+from npudoctor.patching import planning, records
+
+if TYPE_CHECKING:
+    from npudoctor.deployment.facts import Facts
+    from npudoctor.engine.runner import CheckRequest
+    from npudoctor.target.discovery import Target
+
+
+@dataclass(frozen=True)
+class FixSetting:
+    """The sglang, the deployment and the record directory (``--site``) one ``fix`` works on."""
+
+    request: CheckRequest
+    target: Target
+    facts: Facts
+    site: Path | None
+
+    def site_args(self) -> list[str]:
+        return ["--site", str(self.site)] if self.site is not None else []
+
+
+def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:
+    """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment; with
+    ``writing`` (``--apply``), the record directory is proven writable before the plan's live run."""
+    from npudoctor.engine.runner import load_deployment
+    from npudoctor.target.discovery import discover, require_ascend_backend
+
+    target = discover(request.sglang_path)
+    require_ascend_backend(target)
+    facts = load_deployment(request).facts
+    if writing:
+        records.require_writable(site, target)
+    return FixSetting(request, target, facts, site)
+
+
+def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool, quiet: bool):
+    """``planning.plan`` of the request's fixes (all of them without --select), with progress."""
+    from npudoctor.deployment.serverargs import validate_arguments
+    from npudoctor.engine.progress import Progress
+    from npudoctor.engine.runner import live_steps
+
+    validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
+    fixes = planning.select_fixes(request.select)
+    with Progress.for_stderr(quiet) as progress:
+        progress.step(
+            f"planning fixes for sglang {target.version} ({len(fixes)} fix(es), depth {request.depth})"
+        )
+        return planning.plan(
+            fixes, target, facts, unsafe, request.depth, on_step=live_steps(progress.step, target)
+        )
+
+
+def plan_hint_args(request: CheckRequest, unsafe: bool) -> list[str]:
+    """The user's options that the plan's ``--apply`` hint repeats, ``--select``/``--unsafe`` included."""
+    selected = ["--select", ",".join(request.select)] if request.select else []
+    return request.repeated_args() + selected + (["--unsafe"] if unsafe else [])
+
+
+@dataclass(frozen=True)
+class Reverted:
+    removed: Path | None  # the record removed; None: there was none
+    searched: Path | None  # where no record was found
+
+
+def revert(site: Path | None, sglang_path: Path | None) -> Reverted:
+    """``fix --revert``: remove the record ``--apply`` wrote (beside the sglang named, or installed)."""
+    from npudoctor.target.discovery import discover
+
+    target = None
+    if site is None and sglang_path is None:
+        with contextlib.suppress(NoTargetError):  # no sglang installed: this interpreter's site-packages
+            target = discover()
+    elif site is None:
+        target = discover(sglang_path)
+    removed = records.remove(site, target)
+    return Reverted(removed, None if removed else records.site_dir(site, target))
+
+
+def recorded(setting: FixSetting) -> dict | None:
+    """The record ``--apply`` wrote for this setting, if any."""
+    return records.read(setting.site, setting.target)
+
+
+def record_dir(setting: FixSetting) -> Path:
+    return records.site_dir(setting.site, setting.target)
+
+
+@dataclass(frozen=True)
+class RecordStatus:
+    """``fix --status``: what the record holds against what ``fix`` decides now."""
+
+    record: Path  # the record's .dist-info
+    document: dict
+    rows: list[planning.SiteStatus]
+    fits: bool
+    next_command: str  # what makes the record fit again
+
+    @property
+    def recorded_for(self):
+        return self.document.get("sglang", {}).get("version")
+
+    def to_json(self) -> dict:
+        data = {"recorded": self.document, "status": [r.__dict__ for r in self.rows], "fits": self.fits}
+        return data if self.fits else {**data, "next": self.next_command}
+
+
+def status(setting: FixSetting, document: dict, planned: list[planning.Planned]) -> RecordStatus:
+    """Whether ``document`` still fits the installed sglang, and whether the deployment still needs
+    it and needs nothing more (the decisions ``planned`` that ``fix`` makes now); if not, the
+    ``fix --apply`` (or ``--revert``) that makes it fit, with the user's options."""
+    where = record_dir(setting)
+    rows = planning.status(document, setting.target, planned)
+    needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
+    args = setting.request.repeated_args() + setting.site_args()
+    command = "npudoctor fix " + shlex.join(
+        ["--apply", "--select", ",".join(needed), *args] if needed else ["--revert", *args]
+    )
+    fits = all(row.fits for row in rows)
+    return RecordStatus(where / records.DIST_INFO, document, rows, fits, command)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """``fix --apply``: the fixes recorded (none: nothing to apply) and the commands that check and
+    undo it."""
+
+    fixes: list[str]
+    record: Path | None
+    status_command: list[str]
+    undo_command: list[str]
+
+
+def apply(setting: FixSetting, planned: list[planning.Planned]) -> Applied:
+    """Record the fixes the plan accepts where sglang's processes find them; the commands that
+    check and undo it repeat the user's options."""
+    document = planning.record_document(planned, setting.target)
+    fixes = sorted(document["fixes"])
+    path = records.write(document, setting.site, setting.target) if fixes else None
+    sglang_path = setting.request.sglang_path
+    undo = (["--sglang-path", str(sglang_path)] if sglang_path is not None else []) + setting.site_args()
+    return Applied(
+        fixes,
+        path,
+        ["npudoctor", "fix", "--status", *setting.request.repeated_args(), *setting.site_args()],
+        ["npudoctor", "fix", "--revert", *undo],
+    )
+
+
+@dataclass(frozen=True)
+class PluginNote:
+    text: str
+    warning: bool  # this sglang loads no plugins: a record alone fixes nothing
+
+
+def plugin_note(target: Target) -> PluginNote:
+    """How a record reaches sglang's processes: the plugin group ``sglang.srt.plugins`` (sglang
+    0.5.11+ loads it in every scheduler process), else only ``npudoctor run``."""
+    if planning.loads_plugins(target):
+        return PluginNote(
+            f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) in every "
+            "scheduler process; SGLANG_PLUGINS, if set, must name it",
+            warning=False,
+        )
+    return PluginNote(
+        f"sglang {target.version} loads no plugins (the sglang.srt.plugins group "
+        "arrived in 0.5.11): start the server with `npudoctor run -- python -m sglang.launch_server ...`",
+        warning=True,
+    )
+
+
+def run_deployment(request: CheckRequest) -> Facts:
+    """The deployment ``npudoctor run`` plans for: the one --config or --model-path describes (the
+    command is then only run), else the launch command's; a command npudoctor cannot read as an
+    sglang launch gets the fixes for the worst case."""
+    from npudoctor.engine.runner import load_deployment
+
+    if request.config is not None or request.model_path is not None:
+        request = replace(request, launch_command=[])
+    try:
+        return load_deployment(request).facts
+    except InputError:
+        if not request.launch_command:
+            raise
+        return load_deployment(replace(request, launch_command=[])).facts

@@ -1,0 +1,12 @@
+"""Helpers the tests share, importable as ``support.<module>`` (``tests/`` is on ``sys.path``:
+pytest's default ``prepend`` import mode puts the directory of ``tests/conftest.py`` there, in
+every xdist worker too). Fixtures stay in ``tests/conftest.py``; ``fixprobe.py`` is a script the
+``fixprobe`` helper runs in a fresh interpreter, not a module to import.
+
+* ``repo``: the repository's root, its example deployments, ``scripts/fetch_sglang.py``;
+* ``truths``: the verified truths of ``tests/data/known.yaml`` and how to read them;
+* ``trees``: overlay copies of release trees, the edits tests make to them, synthetic states;
+* ``reports``: a ``check`` JSON report through the ``cli`` fixture, one check's result in it.
+
+A helper only one check's tests use lives beside them (``tests/checks/<id>/<id>_support.py``).
+"""
