@@ -32,7 +32,7 @@ from fetch_sglang import fetch  # noqa: E402
 
 
 def startup(runs: int) -> tuple[float, float]:
-    from npudoctor.patching.planning import BOOTSTRAP_DIR
+    from npudoctor.patching.planfile import BOOTSTRAP_DIR
 
     with tempfile.TemporaryDirectory() as workdir:
         plan = Path(workdir) / "plan.json"

@@ -25,16 +25,16 @@ def apply(
     unsafe: bool = False,
     depth: str = "auto",
 ):
-    """Apply the fixes the installed sglang needs; returns one ``npudoctor.patching.planning.Decision`` per fix.
+    """Apply the fixes the installed sglang needs; returns one ``npudoctor.service.planning.Decision`` per fix.
 
     ``depth`` is the depth the checks decide at, as in ``npudoctor check`` (``auto``: the live
     probes run in a child interpreter where sglang imports)."""
     from npudoctor.patching import activation
-    from npudoctor.patching import planning
     from npudoctor.patching.planfile import plan_of
-    from npudoctor.engine.runner import load_deployment_from
-    from npudoctor.deployment.serverargs import validate_arguments
+    from npudoctor.service import planning
+    from npudoctor.service.runner import load_deployment_from
     from npudoctor.target.discovery import discover
+    from npudoctor.target.serverargs import validate_arguments
 
     target = discover()
     deploy = load_deployment_from(Path(config) if config is not None else None)

@@ -8,7 +8,7 @@ releases, with the first and last release that accepts it.
 
 npudoctor uses the file to tell a name no release knows (a typo: exit 2 with a did-you-mean)
 from one another release knows but the release under test lacks (NPD000's finding). Each
-release is read statically with ``npudoctor.deployment.serverargs.read_table`` (never imported); the cache
+release is read statically with ``npudoctor.target.serverargs.read_table`` (never imported); the cache
 is ``$NPUDOCTOR_SGLANG_CACHE``, else ``.cache/sglang``, filled by ``scripts/fetch_sglang.py``.
 Regenerate it when a new sglang release comes out: fetch it, run this script, commit the file.
 Stdlib and npudoctor only.
@@ -23,8 +23,8 @@ import re
 import sys
 from pathlib import Path
 
-from npudoctor.deployment.serverargs import history_document, history_path, read_table
 from npudoctor.static.source import SourceTree
+from npudoctor.target.serverargs import history_document, history_path, read_table
 
 REPO = Path(__file__).resolve().parent.parent
 _VERSION = re.compile(r"^\d+(\.\d+)*$")

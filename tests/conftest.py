@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.repo import REPO, fetch_sglang
-from support.trees import SYNTHETIC_BUILDERS, cp_gap_tree, overlay_tree
 
 from npudoctor.cli import main
+
+from support.repo import REPO, fetch_sglang
+from support.trees import SYNTHETIC_BUILDERS, cp_gap_tree, overlay_tree
 
 # The helpers tests share are modules of tests/support/ (repo, truths, trees, reports): import
 # them from there. This file holds the fixtures.

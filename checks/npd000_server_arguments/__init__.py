@@ -10,7 +10,7 @@ never starts on another, and every other check would have judged it with the def
 of the value it meant (``attn_cp_size: 2`` read as 1).
 
 Static probe (the property, not the diff): read the release's ServerArgs fields and launch
-flags from its source (``npudoctor.deployment.serverargs``: ``sglang/srt/server_args.py``, the namespace
+flags from its source (``npudoctor.target.serverargs``: ``sglang/srt/server_args.py``, the namespace
 classes it is assembled from in 0.5.20+, the flags ``add_cli_args`` registers and those
 ``add_cli_args_from_dataclass`` derives from the field annotations in 0.5.14+) and require every
 name the deployment passes to be one of them: a YAML ``server_args`` key a field, a launch flag
@@ -26,9 +26,9 @@ remedy is the spelling this release defines.
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Check, Probe
 from npudoctor.deployment.facts import Facts
-from npudoctor.engine.results import Status
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Status
 from npudoctor.target.discovery import Target
 
 

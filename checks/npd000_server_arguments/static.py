@@ -1,12 +1,13 @@
 """NPD000 static probe: every name the deployment passes against the release's ServerArgs table
-(``npudoctor.deployment.serverargs.read_table``), with the releases that know a name this one lacks."""
+(``npudoctor.target.serverargs.read_table``), with the releases that know a name this one lacks."""
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts
-from npudoctor.engine.results import Evidence, Location, Status
-from npudoctor.deployment.serverargs import (
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location, Status
+from npudoctor.target.discovery import Target
+from npudoctor.target.serverargs import (
     SERVER_ARGS_MODULE,
     ServerArgsTable,
     Unaccepted,
@@ -14,7 +15,6 @@ from npudoctor.deployment.serverargs import (
     read_table,
     unaccepted,
 )
-from npudoctor.target.discovery import Target
 
 
 def static_probe(target: Target, facts: Facts) -> Probe:

@@ -35,10 +35,10 @@ exception is the evidence.
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Check, Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Status
 from npudoctor.static.poolclasses import offload_scope
-from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
 

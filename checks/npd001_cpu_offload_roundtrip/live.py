@@ -6,12 +6,11 @@ into other slots and compare every layer and buffer bit for bit.
 
 from __future__ import annotations
 
-from npudoctor.live import livepools
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.live import livepools, processstate
 from npudoctor.live.locations import code_location, exception_evidence
-from npudoctor.engine.results import Evidence, Status
+from npudoctor.results import Evidence, Status
 
 
 def live_probe(

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import ast
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.poolclasses import OFFLOAD_METHODS, no_npu_pool, npu_pool_classes
-from npudoctor.engine.results import Evidence, Location, Status
 from npudoctor.static.shapes import Sym, Tensor
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 

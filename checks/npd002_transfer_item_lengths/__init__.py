@@ -23,10 +23,10 @@ pool allocates).
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Check, Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Status
 from npudoctor.static.poolclasses import pool_family
-from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
 from .verdict import FIA_ENV

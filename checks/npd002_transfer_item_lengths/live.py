@@ -5,12 +5,11 @@ in the role's environment (``ASCEND_USE_FIA`` decides the layout at construction
 
 from __future__ import annotations
 
-from npudoctor.live import livepools
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.live import livepools, processstate
 from npudoctor.live.locations import code_location, exception_evidence
-from npudoctor.engine.results import Evidence
+from npudoctor.results import Evidence
 
 from .verdict import FIA_ENV, verdict
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import ast
 import re
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.poolclasses import no_npu_pool, npu_pool_classes
-from npudoctor.engine.results import Evidence, Location, Status
 from npudoctor.static.shapes import LayoutEvaluator, Sym, flatten
 from npudoctor.static.source import ClassInfo, SourceTree
 

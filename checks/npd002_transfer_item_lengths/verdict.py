@@ -4,9 +4,9 @@ token-major layout, and the verdict each depth gives from the pools it judged.
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import RoleFacts
-from npudoctor.engine.results import Evidence, Status
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Status
 
 FIA_ENV = "ASCEND_USE_FIA"
 

@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from npudoctor.target import history
-from npudoctor.engine.check import Check, Probe
 from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA_INDEXER, Facts, RoleFacts
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Status
 from npudoctor.static.poolclasses import pool_family
-from npudoctor.engine.results import Status
+from npudoctor.target import history
 from npudoctor.target.discovery import Target
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split

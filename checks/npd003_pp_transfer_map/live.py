@@ -20,13 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from npudoctor.live import kvargs
-from npudoctor.live import livepools
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.live import kvargs, livepools, processstate
 from npudoctor.live.locations import code_location, exception_evidence, raising_location, relative
-from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Location, Status
 
 UTILS_MODULE = kvargs.UTILS_MODULE
 PP_MODULE = "sglang.srt.distributed.utils"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from npudoctor.engine.check import Probe
-from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 from . import arithmetic

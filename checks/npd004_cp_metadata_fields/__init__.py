@@ -91,10 +91,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from npudoctor.engine.check import Check, Probe
-from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.deployment.facts import AttentionKind, Facts, RoleFacts, role_facts
-from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Evidence, Location, Status
+from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.static.source import FunctionRef, SourceTree
 from npudoctor.target.discovery import Target
 

@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
-from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
-from npudoctor.engine.lazy import lazy_module
+from npudoctor.engine.check import Probe
+from npudoctor.lazy import lazy_module
+from npudoctor.live import processstate
 from npudoctor.live.processstate import (
     dataclass_instance,
     environment,
@@ -48,7 +47,8 @@ from npudoctor.live.processstate import (
     unpublished_parallel_name,
     with_parallel,
 )
-from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Location, Status
+from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.static.source import FunctionRef, SourceTree
 
 from .static import cp_strategy_name

@@ -29,7 +29,9 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from npudoctor.deployment.facts import RoleFacts
 from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.classdefs import instance_names
 from npudoctor.static.dataflow import (
     aliases,
@@ -41,8 +43,6 @@ from npudoctor.static.dataflow import (
     return_classes,
     subclasses,
 )
-from npudoctor.deployment.facts import RoleFacts
-from npudoctor.engine.results import Evidence, Location, Status
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import Branches, CallResolver, Frame, PathWalker, method_on
 
@@ -121,7 +121,10 @@ def probe(
             tree,
             metadata,
             CallResolver(tree, strategy=path.strategy),
-            Branches(mla=None if path.family is None else path.family in (MLA, MLA_INDEXER), server_args=path.server_args),
+            Branches(
+                mla=None if path.family is None else path.family in (MLA, MLA_INDEXER),
+                server_args=path.server_args,
+            ),
             excluded=path.excluded,
             deployed=deployed,
         )
@@ -469,7 +472,9 @@ class CPPath:
         guarded = self._getattr_reads(ref, known, value_of)
         self._attribute_reads(ref, known, value_of, guarded)
         self.splits.extend(_query_splits(ref))
-        for callee, callee_self, callee_seeds, callee_carriers in self._calls(ref, self_cls, known, carriers, value_of):
+        for callee, callee_self, callee_seeds, callee_carriers in self._calls(
+            ref, self_cls, known, carriers, value_of
+        ):
             yield _frame(callee, callee_self, callee_seeds, callee_carriers)
 
     def _declared_seeds(self, ref: FunctionRef, seeds: dict[str, Classes]) -> dict[str, Classes]:
@@ -622,8 +627,9 @@ class CPPath:
                 yield callee, callee_self, callee_seeds, callee_carriers
 
 
-
-def _frame(function: FunctionRef, self_cls: ClassInfo | None, seeds: dict[str, Classes], carriers: frozenset[str]) -> Frame:
+def _frame(
+    function: FunctionRef, self_cls: ClassInfo | None, seeds: dict[str, Classes], carriers: frozenset[str]
+) -> Frame:
     return Frame(function, self_cls, (seeds, carriers), key=(tuple(sorted(seeds)), carriers))
 
 

@@ -100,10 +100,10 @@ recognised gives ``warn``, never a silent ``pass``.
 
 from __future__ import annotations
 
-from npudoctor.engine.check import Check, Probe
 from npudoctor.deployment.facts import Facts
+from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Status
 from npudoctor.static.poolclasses import offload_scope
-from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
 

@@ -31,10 +31,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from npudoctor.static.poolclasses import OFFLOAD_METHODS
-from npudoctor.engine.results import Evidence, Location
-from npudoctor.static.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
+from npudoctor.results import Evidence, Location
 from npudoctor.static.classdefs import has_dynamic_attributes, instance_names
+from npudoctor.static.poolclasses import OFFLOAD_METHODS
+from npudoctor.static.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
 from npudoctor.static.source import ClassInfo, FunctionRef
 from npudoctor.static.walker import Frame, PathWalker, base_call, super_target
 
@@ -188,7 +188,9 @@ class _OffloadCalls:
                 where = scoped.function.name if scoped.function is not None else "<module>"
                 owner = f"{scoped.class_node.name}." if scoped.class_node is not None else ""
                 self._follow(
-                    self.call(relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC))
+                    self.call(
+                        relpath, f"{owner}{where}", scoped.call, scoped.method, (self.path.allocators, ALLOC)
+                    )
                 )
                 files.append(relpath)
         if len(self.chain.edges) > before:
@@ -298,18 +300,38 @@ class _OffloadCalls:
             receiver, method = func.value, func.attr
             if isinstance(receiver, ast.Name) and receiver.id == "self":
                 target = self.tree.lookup(self.graph.mro(cls), method)
-                yield from self.record(ref.relpath, caller, node, method, CallShape.of(node), cls, level, target, "self", 0)
+                yield from self.record(
+                    ref.relpath, caller, node, method, CallShape.of(node), cls, level, target, "self", 0
+                )
             elif is_super_call(receiver):
                 found = super_target(self.tree, cls, ref, method)
                 if found is not None:
                     target, start = found
                     yield from self.record(
-                        ref.relpath, caller, node, method, CallShape.of(node), cls, level, target, "super", start
+                        ref.relpath,
+                        caller,
+                        node,
+                        method,
+                        CallShape.of(node),
+                        cls,
+                        level,
+                        target,
+                        "super",
+                        start,
                     )
             elif (found := base_call(self.tree, cls, ref, node)) is not None:
                 target, start = found
                 yield from self.record(
-                    ref.relpath, caller, node, method, CallShape.of(node, skip_first=True), cls, level, target, "Base", start
+                    ref.relpath,
+                    caller,
+                    node,
+                    method,
+                    CallShape.of(node, skip_first=True),
+                    cls,
+                    level,
+                    target,
+                    "Base",
+                    start,
                 )
             else:
                 attr = self_attribute(receiver)

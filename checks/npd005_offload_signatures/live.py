@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import Facts, ModelFacts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.live import processstate
 from npudoctor.live.livepools import CannotBuild, construct
-from npudoctor.engine.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.signatures import names_read
 from npudoctor.static.source import ClassInfo, SourceTree
 
 from .chain import Chain, bind_live, chain_evidence, chain_finding, edge_location, walk
-from .static import ALLOCATOR, OFFLOAD_METHODS, _describe, _Finding, OffloadGraph, _Path, _Site
+from .static import ALLOCATOR, OFFLOAD_METHODS, OffloadGraph, _describe, _Finding, _Path, _Site
 
 # How deep below the allocator the recorder looks for objects with offload methods:
 # allocator -> pool -> sub-pool (-> a sub-pool's own component).

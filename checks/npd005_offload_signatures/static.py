@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.poolclasses import OFFLOAD_METHODS, npu_pool_classes
-from npudoctor.engine.results import Evidence, Location, Status
 from npudoctor.static.signatures import (
     CallShape,
     ScopedCall,

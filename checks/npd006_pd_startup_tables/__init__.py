@@ -32,10 +32,17 @@ buffers; an exception in sglang's code is ``fail`` at the raising frame.
 
 from __future__ import annotations
 
+from npudoctor.deployment.facts import (
+    ASSUMED_GQA,
+    ASSUMED_MLA,
+    ASSUMED_MLA_INDEXER,
+    AttentionKind,
+    Facts,
+    RoleFacts,
+)
 from npudoctor.engine.check import Check, Probe
-from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA, ASSUMED_MLA_INDEXER, AttentionKind, Facts, RoleFacts
+from npudoctor.results import Status
 from npudoctor.static.poolclasses import pool_family
-from npudoctor.engine.results import Status
 from npudoctor.target.discovery import Target
 
 from .verdict import Kind

@@ -11,13 +11,11 @@ import traceback
 import types
 from typing import Any
 
-from npudoctor.live import kvargs
-from npudoctor.live import livepools
-from npudoctor.live import processstate
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.live import kvargs, livepools, processstate
 from npudoctor.live.locations import code_location, raising_location, relative
-from npudoctor.engine.results import Evidence
+from npudoctor.results import Evidence
 
 from .verdict import TABLES, Kind, verdict
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import RoleFacts
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Location
 from npudoctor.static.poolclasses import no_npu_pool, npu_pool_classes
-from npudoctor.engine.results import Evidence, Location
 from npudoctor.static.shapes import LayoutEvaluator, Sym
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree, is_self
 

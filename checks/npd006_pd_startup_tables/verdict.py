@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
-from npudoctor.engine.results import Evidence, Status
+from npudoctor.engine.check import Probe
+from npudoctor.results import Evidence, Status
 
 # What ``_init_kv_manager`` (disaggregation/prefill.py, decode.py) asks every KV pool for: the KV
 # data tables always, the state-buffer tables where the release calls them (0.5.4+ behind

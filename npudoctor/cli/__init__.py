@@ -16,7 +16,7 @@ from rich.console import Console
 
 from npudoctor.cli import output
 from npudoctor.cli.app import app
-from npudoctor.engine.errors import ExitCode, NpudoctorError
+from npudoctor.errors import ExitCode, NpudoctorError
 
 
 def main(argv: list[str] | None = None) -> int:

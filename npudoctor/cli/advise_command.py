@@ -87,9 +87,9 @@ def advise(
     quiet: QuietOption = False,
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
-    from npudoctor.engine.advise import AdviseRequest, exit_status
-    from npudoctor.engine.advise import advise as check_releases
     from npudoctor.formatters import advice as advice_format
+    from npudoctor.service.advise import AdviseRequest, exit_status
+    from npudoctor.service.advise import advise as check_releases
 
     output.require_destination(output_path, github=output_format is AdviseFormat.github)
     request = AdviseRequest(

@@ -9,7 +9,7 @@ import typer
 import npudoctor  # its __version__ is looked up on use: --help, list and explain never need it
 from npudoctor.cli import advise_command, check_command, fix_command, info_commands, run_command
 from npudoctor.cli.options import EXIT_CODES_HELP
-from npudoctor.engine.errors import ExitCode
+from npudoctor.errors import ExitCode
 
 app = typer.Typer(
     name="npudoctor",

@@ -23,7 +23,7 @@ from npudoctor.cli.options import (
     SglangPathOption,
     ids,
 )
-from npudoctor.engine.errors import ExitCode
+from npudoctor.errors import ExitCode
 
 EPILOG = DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP
 
@@ -64,8 +64,8 @@ def check(
     quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
-    from npudoctor.engine.progress import Progress
-    from npudoctor.engine.runner import run as run_checks
+    from npudoctor.service.progress import Progress
+    from npudoctor.service.runner import run as run_checks
 
     output.require_destination(output_path, github=output_format is Format.github)
     request = deployment.check_request(

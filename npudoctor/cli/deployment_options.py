@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from npudoctor.cli.options import Depth, FailOn, ids
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 
 if TYPE_CHECKING:
-    from npudoctor.engine.runner import CheckRequest
+    from npudoctor.service.runner import CheckRequest
 
 
 class Role(str, Enum):
@@ -95,7 +95,7 @@ class DeploymentOptions:
         with_fixes: list[str] | None = None,
     ) -> CheckRequest:
         """The ``CheckRequest`` of this deployment and the command's own options."""
-        from npudoctor.engine.runner import CheckRequest
+        from npudoctor.service.runner import CheckRequest
 
         if self.launch_command and self.launch_command[0].startswith("-"):
             raise InputError(f"unknown option {self.launch_command[0]!r} (a launch command goes after '--')")

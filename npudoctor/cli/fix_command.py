@@ -1,4 +1,4 @@
-"""``npudoctor fix``: plan, apply, revert or inspect the runtime fixes (``npudoctor.patching.operations``
+"""``npudoctor fix``: plan, apply, revert or inspect the runtime fixes (``npudoctor.service.operations``
 does the work; this module reads the options and prints)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from npudoctor.cli.options import (
     QuietOption,
     SglangPathOption,
 )
-from npudoctor.engine.errors import ExitCode, InputError
+from npudoctor.errors import ExitCode, InputError
 
 EPILOG = (
     "Without --apply, --revert or --status: print the plan (what would be patched, where, "
@@ -69,7 +69,7 @@ def fix(
     quiet: QuietOption = False,
 ) -> None:
     """Plan, apply, revert or inspect the runtime fixes for the installed sglang."""
-    from npudoctor.patching import operations
+    from npudoctor.service import operations
 
     if sum((apply, revert, status)) > 1:
         raise InputError("give at most one of --apply, --revert, --status")
@@ -125,7 +125,7 @@ def _show_status(found, target, as_json: bool) -> None:
 def _show_plan(planned, as_json: bool, verbose: bool, fix_args: list[str]) -> None:
     """``fix``: the plan, nothing changed; ``fix_args`` (the user's options) repeated in the hint."""
     from npudoctor.formatters import fixplan
-    from npudoctor.patching.planning import plan_json
+    from npudoctor.service.planning import plan_json
 
     if as_json:
         _report(True, {"plan": plan_json(planned)}, "")
@@ -137,7 +137,7 @@ def _show_plan(planned, as_json: bool, verbose: bool, fix_args: list[str]) -> No
 def _show_applied(applied, planned, target, as_json: bool) -> None:
     """``fix --apply``: what was recorded, and how to check and undo it."""
     from npudoctor.formatters import fixplan
-    from npudoctor.patching.planning import plan_json
+    from npudoctor.service.planning import plan_json
 
     if not applied.fixes:
         decided = "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned)
@@ -156,7 +156,7 @@ def _show_applied(applied, planned, target, as_json: bool) -> None:
 
 
 def _print_plugin_note(console: Console, target) -> None:
-    from npudoctor.patching.operations import plugin_note
+    from npudoctor.service.operations import plugin_note
 
     note = plugin_note(target)
     console.print(f"[bold]note[/]: {note.text}" if note.warning else note.text)

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from npudoctor.cli import output
 from npudoctor.cli.options import DataFormat
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 
 
 def list_checks() -> None:

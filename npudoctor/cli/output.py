@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 
 EXIT_BROKEN_PIPE = 141
 

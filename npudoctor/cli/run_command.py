@@ -9,7 +9,7 @@ import typer
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 
 EPILOG = (
     "Every Python process the command starts, sglang's spawned schedulers included, applies "
@@ -38,7 +38,7 @@ def run(
     ] = False,
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
-    from npudoctor.patching import operations, planning
+    from npudoctor.service import operations, planning
     from npudoctor.target.discovery import discover
 
     command = list(deployment.launch_command)

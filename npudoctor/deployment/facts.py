@@ -15,7 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from npudoctor.engine.errors import InputError, short_repr
+from npudoctor.errors import InputError, short_repr
 
 # sglang's own default on Ascend (hardware_backend/npu/utils.py set_default_server_args).
 NPU_DEFAULT_PAGE_SIZE = 128
@@ -124,7 +124,7 @@ class ModelFacts:
 class GivenArgument:
     """A server argument name exactly as the deployment passes it, and where: a ServerArgs field
     (``kind="field"``: a YAML ``server_args`` key, a ``--model-path`` flag) or a launch flag
-    (``kind="flag"``, e.g. ``--tp-size``). Checked against the release (``npudoctor.deployment.serverargs``)."""
+    (``kind="flag"``, e.g. ``--tp-size``). Checked against the release (``npudoctor.target.serverargs``)."""
 
     kind: str  # "field" or "flag"
     name: str

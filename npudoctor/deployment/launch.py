@@ -5,7 +5,7 @@ describes a deployment the way it is really started. When sglang itself is impor
 its own argparse definitions are used; otherwise a built-in table of the flags the
 checks need (with the aliases sglang accepts), and every other ``--flag [value]`` is
 kept under its sglang field name, so nothing the user wrote is lost. Whether the release
-under test accepts each flag is decided once the target is known (``npudoctor.deployment.serverargs``).
+under test accepts each flag is decided once the target is known (``npudoctor.target.serverargs``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from npudoctor.engine.errors import InputError
 from npudoctor.deployment.redact import redact_argv
+from npudoctor.errors import InputError
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -57,7 +57,7 @@ class LaunchCommand:
     env: dict[str, str] = field(default_factory=dict)
     server_args: dict[str, Any] = field(default_factory=dict)
     unknown_args: list[str] = field(default_factory=list)
-    # the flags for the release under test to accept (``npudoctor.deployment.serverargs``): every flag with
+    # the flags for the release under test to accept (``npudoctor.target.serverargs``): every flag with
     # the built-in table; with sglang's own parser, only those it did not know
     flags: list[str] = field(default_factory=list)
 

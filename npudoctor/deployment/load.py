@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from npudoctor.engine.errors import InputError
 from npudoctor.deployment.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
-from npudoctor.engine.ignores import Ignore, parse_yaml
+from npudoctor.deployment.ignores import Ignore, parse_yaml
 from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
+from npudoctor.errors import InputError
 
 # Environment variables that change sglang's code paths on Ascend; read from the
 # caller's environment for every form of deployment (``shell_env``).

@@ -23,7 +23,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from npudoctor.engine.results import Result
+    from npudoctor.results import Result
 
 REDACTED = "***"
 

@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from npudoctor.target import resultcache
-from npudoctor.target import history
-from npudoctor.engine.results import Depth, Evidence, Remediation, Result, Status
+from npudoctor.results import Depth, Evidence, Remediation, Result, Status
+from npudoctor.target import history, resultcache
 
 if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
@@ -209,7 +208,7 @@ def verdict(
     """The one decision: a check's static and live probes -> its ``Result``.
 
     Every command reaches its verdict here (``check``, ``fix`` and ``run`` through
-    ``npudoctor.engine.evaluate``), so they cannot disagree:
+    ``npudoctor.service.evaluate``), so they cannot disagree:
 
     * live did not run: the static verdict, with the reason live did not run;
     * live ran on code a runtime fix replaced: the live verdict, "with runtime fix";

@@ -13,7 +13,7 @@ import pkgutil
 from collections.abc import Iterator
 from typing import TypeVar
 
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 
 T = TypeVar("T")
 

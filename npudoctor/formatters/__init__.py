@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from npudoctor.engine.results import Report
+from npudoctor.results import Report
 
 FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 

@@ -21,10 +21,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from npudoctor.engine.advise import Advice, Row, cell
 from npudoctor.formatters import github, junit, markdown, sarif
 from npudoctor.formatters.text import STYLE
-from npudoctor.engine.results import Status
+from npudoctor.results import Status
+from npudoctor.service.advise import Advice, Row, cell
 
 FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
 _SHORT = {
@@ -169,7 +169,7 @@ def render_junit(advice: Advice) -> str:
         if row.report is None:  # a release that could not be had does not turn the build red by itself
             tally = {"tests": 1, "failures": 0, "errors": 0, "skipped": 1}
             case = ET.SubElement(
-                suite, "testcase", {"classname": "npudoctor.engine.advise", "name": "fetch and check"}
+                suite, "testcase", {"classname": "npudoctor.service.advise", "name": "fetch and check"}
             )
             ET.SubElement(case, "skipped", {"message": junit.clean(row.error or "")})
         else:

@@ -19,7 +19,7 @@ import os
 import re
 
 from npudoctor.formatters import markdown
-from npudoctor.engine.results import Report, Result, Status
+from npudoctor.results import Report, Result, Status
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
 # Controls other than CR/LF (which are escaped) only garble the log; they are dropped.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from npudoctor.engine.results import Report
+from npudoctor.results import Report
 
 
 def render(report: Report) -> str:

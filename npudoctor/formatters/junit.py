@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from npudoctor.engine.results import Report, Result, Status
+from npudoctor.results import Report, Result, Status
 
 # Everything outside the XML 1.0 ``Char`` production.
 _ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

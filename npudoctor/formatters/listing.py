@@ -24,8 +24,8 @@ from npudoctor.formatters.layout import Rows, Trimmed, Uncropped, Whole, group, 
 def fixed_in_history(item) -> str:
     """What ``npudoctor.target.history`` says for the check on any deployment: the first release from
     which every witness deployment holds the property, or that the newest still fails."""
-    from npudoctor.target import history
     from npudoctor.deployment.facts import NO_DEPLOYMENT
+    from npudoctor.target import history
 
     if not item.upstream_history:
         return "-"
@@ -61,8 +61,8 @@ def print_list(console: Console, checks: Sequence) -> None:
 
 def explain_markdown(item, full: bool = False) -> str:
     """The Markdown text of ``npudoctor explain``."""
-    from npudoctor.target import history
     from npudoctor.patching.fixbase import fix_by_id
+    from npudoctor.target import history
 
     lines = [f"## {item.id}: {_prose(item.title)}", ""]
     for heading, text in (

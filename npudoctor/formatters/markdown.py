@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from npudoctor.engine.results import Report, Result, Status
+from npudoctor.results import Report, Result, Status
 
 # C0/C1 controls other than tab and newlines carry nothing in Markdown and confuse renderers.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from npudoctor.engine.results import Report, Result, Status
+from npudoctor.results import Report, Result, Status
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 BASE_ID = "SGLANG_ROOT"

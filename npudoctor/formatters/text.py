@@ -22,7 +22,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
-from npudoctor.engine.results import Evidence, Report, Result, Status
+from npudoctor.results import Evidence, Report, Result, Status
 
 STYLE = {
     Status.PASS: "green",

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
-from npudoctor.engine.results import Status
+from npudoctor.results import Status
 from npudoctor.target.discovery import Target
 
 # A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
@@ -51,7 +51,7 @@ def run(
 
 class LiveRun:
     """A live child at work; ``outcome`` waits for its answer. The caller may do other work in
-    between (``npudoctor.engine.evaluate`` reads the source while the child imports sglang)."""
+    between (``npudoctor.service.evaluate`` reads the source while the child imports sglang)."""
 
     def __init__(
         self,
@@ -78,7 +78,7 @@ def start(
 
     ``on_step`` is called (from a reader thread) with each step the child names:
     ``"import"`` while it imports sglang, then the id of each check it probes.
-    ``fixes`` is a plan of runtime fixes (``{id: shape}``, see ``npudoctor.patching.planning.decide``)
+    ``fixes`` is a plan of runtime fixes (``{id: shape}``, see ``npudoctor.service.planning.decide``)
     that the child enables before it imports sglang, as sglang's own processes would.
     """
     ids = [c.id for c in checks]

@@ -14,13 +14,13 @@ import inspect
 import sys
 from typing import Any, TypeVar
 
-from npudoctor.live import processstate
-from npudoctor.static import poolclasses
-from npudoctor.engine.check import Probe
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
-from npudoctor.engine.lazy import lazy_module
+from npudoctor.engine.check import Probe
+from npudoctor.lazy import lazy_module
+from npudoctor.live import processstate
+from npudoctor.results import Status
+from npudoctor.static import poolclasses
 from npudoctor.static.poolclasses import GENERIC_POOL
-from npudoctor.engine.results import Status
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
 

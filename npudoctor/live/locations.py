@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from npudoctor.engine.results import Evidence, Location
+from npudoctor.results import Evidence, Location
 
 _PACKAGE = "/sglang/"
 

@@ -5,7 +5,7 @@ the ``npudoctor run`` bootstrap), so it imports nothing heavy at import time and
 breaks its host: every failure is written once to stderr and the process goes on
 unpatched. ``NPUDOCTOR_DISABLE_FIXES=1`` turns every fix off.
 
-A *plan* is ``{fix id: shape}`` as ``npudoctor.patching.planning.decide`` accepted it (``npudoctor.patching.planfile``). ``enable(plan)``
+A *plan* is ``{fix id: shape}`` as ``npudoctor.service.planning.decide`` accepted it (``npudoctor.patching.planfile``). ``enable(plan)``
 registers a post-import hook (wrapt) on each fix's modules; when the last of them is
 imported, the shape of the imported code is compared with the planned one and, only if
 they are equal, each site the fix installs in that code (``Fix.installs``) is wrapped with
@@ -114,7 +114,9 @@ def bootstrap() -> None:
     if disabled():
         say_once(f"{KILL_SWITCH} is set: no runtime fix is applied")
         return
-    from npudoctor.patching.planfile import read_file  # here, as in sglang_plugin: importing this module reads no plan
+    from npudoctor.patching.planfile import (
+        read_file,  # here, as in sglang_plugin: importing this module reads no plan
+    )
 
     try:
         enable(read_file(path))

@@ -3,7 +3,7 @@
 A fix is the runtime side of one check (same id, one module in ``npudoctor/fixes/``, the
 repo's ``fixes/``, defining ``FIX = SomeFix()``). It names the functions it replaces
 (``replaces``) and the code its replacements rely on (``anchors``), the upstream pull
-request it ports and its safety. Before anything is patched, ``npudoctor.patching.planning.decide`` asks two
+request it ports and its safety. Before anything is patched, ``npudoctor.service.planning.decide`` asks two
 questions of the target:
 
 1. does the target have the defect? The fix's own check must say ``fail`` for the deployment

@@ -1,7 +1,7 @@
 """The fix plan as files carry it, read by the processes that patch and by ``npudoctor fix``.
 
-A plan is ``{fix id: shape}`` (``npudoctor.patching.planning.decide`` accepted each shape). It travels in a
-*record document* (``npudoctor.patching.planning.record_document``): in the ``npudoctor-fixes-activation``
+A plan is ``{fix id: shape}`` (``npudoctor.service.planning.decide`` accepted each shape). It travels in a
+*record document* (``npudoctor.service.planning.record_document``): in the ``npudoctor-fixes-activation``
 distribution that ``npudoctor fix --apply`` writes (``npudoctor.patching.records``), read back by the
 sglang plugin in every scheduler process, and in the plan file of ``npudoctor run``. Both readers
 (``npudoctor.patching.activation`` in sglang's processes, ``npudoctor.patching.records`` for ``--status`` and
@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
+
+# holds the sitecustomize.py of `npudoctor run`, put first on the PYTHONPATH of the command it runs
+BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
 
 DIST_NAME = "npudoctor-fixes-activation"
 PLAN_FILE = "npudoctor-fixes.json"

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 from npudoctor.patching.planfile import DIST_NAME, PLAN_FILE, plan_of
 
 if TYPE_CHECKING:

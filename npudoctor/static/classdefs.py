@@ -50,7 +50,11 @@ def attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[Class
     """Classes ``self.<attr>`` of a ``cls`` is declared as (class-body annotation) or assigned from."""
     for klass in tree.mro(cls):
         for stmt in klass.node.body:
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == attr:
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and stmt.target.id == attr
+            ):
                 return annotation_classes(tree, klass.path, stmt.annotation)
         for method in klass.methods.values():
             for node in ast.walk(method):
@@ -120,7 +124,9 @@ def _slots(klass: ClassInfo) -> set[str]:
             and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets)
             and isinstance(stmt.value, (ast.Tuple, ast.List, ast.Set))
         ):
-            return {e.value for e in stmt.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            return {
+                e.value for e in stmt.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            }
     return set()
 
 

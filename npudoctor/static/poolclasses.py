@@ -10,7 +10,7 @@ directory (or whose name says NPU) and whose MRO contains the generic pool.
 from __future__ import annotations
 
 from npudoctor.deployment.facts import AttentionKind, Facts
-from npudoctor.engine.results import Evidence
+from npudoctor.results import Evidence
 from npudoctor.static.source import ClassInfo, SourceTree
 
 GENERIC_POOL = {"mla": "MLATokenToKVPool", "mha": "MHATokenToKVPool"}

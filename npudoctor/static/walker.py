@@ -110,7 +110,9 @@ class PathWalker:
 
 
 # ----- calls on the instance, through the MRO -----------------------------------------------------
-def method_on(tree: SourceTree, cls: ClassInfo, name: str, after: ClassInfo | None = None) -> FunctionRef | None:
+def method_on(
+    tree: SourceTree, cls: ClassInfo, name: str, after: ClassInfo | None = None
+) -> FunctionRef | None:
     """The method ``cls().name`` resolves to, or ``super(after, self).name`` when ``after`` is given."""
     mro = tree.mro(cls)
     if after is None:
@@ -118,7 +120,9 @@ def method_on(tree: SourceTree, cls: ClassInfo, name: str, after: ClassInfo | No
     return tree.lookup(mro, name, mro.index(after) + 1) if after in mro else None
 
 
-def super_target(tree: SourceTree, cls: ClassInfo, caller: FunctionRef, name: str) -> tuple[FunctionRef, int] | None:
+def super_target(
+    tree: SourceTree, cls: ClassInfo, caller: FunctionRef, name: str
+) -> tuple[FunctionRef, int] | None:
     """What ``super().name`` in ``caller`` runs on a ``cls``, and the MRO position the lookup
     started from; None when ``caller``'s class is not in that MRO or nothing after it defines it."""
     mro = tree.mro(cls)
@@ -129,7 +133,9 @@ def super_target(tree: SourceTree, cls: ClassInfo, caller: FunctionRef, name: st
     return None if found is None else (found, position + 1)
 
 
-def base_call(tree: SourceTree, cls: ClassInfo, caller: FunctionRef, call: ast.Call) -> tuple[FunctionRef, int] | None:
+def base_call(
+    tree: SourceTree, cls: ClassInfo, caller: FunctionRef, call: ast.Call
+) -> tuple[FunctionRef, int] | None:
     """What ``Base.name(self, ...)`` in ``caller`` runs on a ``cls`` (the lookup starts at ``Base``
     in ``cls``'s MRO), and that position; None for any other call."""
     func = call.func
@@ -228,7 +234,9 @@ class CallResolver:
                 found = module_function(tree, module, method)
                 return None if found is None else [(found, None, False)]
             classes = name_classes(ref, receiver.id)
-        elif isinstance(receiver, ast.Attribute) and _is_name(receiver.value, "self") and self_cls is not None:
+        elif (
+            isinstance(receiver, ast.Attribute) and _is_name(receiver.value, "self") and self_cls is not None
+        ):
             classes = attribute_classes(tree, self_cls, receiver.attr)
         else:
             classes = []
@@ -266,12 +274,16 @@ class Branches:
             if self.mla is not None and re.fullmatch(r"(not )?self\.use_mla", text):
                 mla_branch = taken != text.startswith("not ")
                 if mla_branch != self.mla:
-                    self.skipped.append(f"calls under `{text}` ({ref.where(test.lineno)}): another attention family")
+                    self.skipped.append(
+                        f"calls under `{text}` ({ref.where(test.lineno)}): another attention family"
+                    )
                     return True
         for test, taken in tests:
             gate = npu_off_gate(ref, test.test) if taken else None
             if gate is not None:
-                self.skipped.append(f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): {gate}")
+                self.skipped.append(
+                    f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): {gate}"
+                )
                 return True
         if self.server_args is None:
             return False
@@ -289,7 +301,9 @@ class Branches:
                 if ast.unparse(test.test).startswith("not "):
                     continue
                 if not self.server_args.get(name):
-                    self.skipped.append(f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): not enabled")
+                    self.skipped.append(
+                        f"calls under `{ast.unparse(test.test)}` ({ref.where(test.lineno)}): not enabled"
+                    )
                     return True
         return False
 
@@ -302,7 +316,12 @@ def npu_off_gate(ref: FunctionRef, test: ast.expr) -> str | None:
     terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
     for term in terms:
         call, path = (term, ref.path) if isinstance(term, ast.Call) else (None, ref.path)
-        if call is None and isinstance(term, ast.Attribute) and _is_name(term.value, "self") and ref.owner is not None:
+        if (
+            call is None
+            and isinstance(term, ast.Attribute)
+            and _is_name(term.value, "self")
+            and ref.owner is not None
+        ):
             call, path = call_assigned_to(ref.tree, ref.owner, term.attr) or (None, path)
         if call is None or not isinstance(call.func, ast.Name):
             continue
@@ -316,13 +335,16 @@ def _false_on_npu(function: FunctionRef) -> bool:
     body = [  # every string statement aside, not only the docstring
         s
         for s in function.node.body
-        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))
+        if not (
+            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+        )
     ]
     if not body or not isinstance(body[0], ast.If):
         return False
     first = body[0]
     mentions_npu = any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_npu" for n in ast.walk(first.test)
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "is_npu"
+        for n in ast.walk(first.test)
     )
     returns_false = (
         len(first.body) == 1
@@ -336,7 +358,12 @@ def _false_on_npu(function: FunctionRef) -> bool:
         and returns_false
         and not negated
         and not isinstance(first.test, ast.BoolOp)
-        or (mentions_npu and returns_false and isinstance(first.test, ast.BoolOp) and isinstance(first.test.op, ast.Or))
+        or (
+            mentions_npu
+            and returns_false
+            and isinstance(first.test, ast.BoolOp)
+            and isinstance(first.test.op, ast.Or)
+        )
     )
 
 

@@ -14,8 +14,8 @@ import importlib.util
 from functools import cached_property
 from pathlib import Path
 
-from npudoctor.engine.errors import InputError, NoTargetError
-from npudoctor.engine.results import TargetInfo
+from npudoctor.errors import InputError, NoTargetError
+from npudoctor.results import TargetInfo
 from npudoctor.static.source import SourceTree
 
 # Files whose presence tells an sglang package directory from any other directory.

@@ -13,6 +13,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+
 from support.repo import EXAMPLES, fetch_sglang
 from support.truths import TRUTH, truth_present
 

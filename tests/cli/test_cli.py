@@ -8,11 +8,12 @@ import subprocess
 import sys
 
 import pytest
+
+import npudoctor.service.runner
+from npudoctor.results import SCHEMA_VERSION
+
 from support.repo import EXAMPLES, REPO
 from support.reports import json_report, result_of
-
-import npudoctor.engine.runner
-from npudoctor.engine.results import SCHEMA_VERSION
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 
@@ -157,7 +158,7 @@ def test_internal_error_exits_3_without_traceback(cli, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(npudoctor.engine.runner, "run", broken)
+    monkeypatch.setattr(npudoctor.service.runner, "run", broken)
     code, _, err = cli("check")
     assert code == 3
     assert "internal error: RuntimeError: boom" in err and "Traceback" not in err

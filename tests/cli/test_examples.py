@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import sweep
 from support.repo import EXAMPLES, REPO
 from support.reports import result_of
 from support.truths import RELEASES, TRUTH
-
-from conftest import sweep
 
 CI = EXAMPLES / "ci"
 DEPLOYMENTS = sorted(p.name for p in EXAMPLES.glob("*.yaml"))

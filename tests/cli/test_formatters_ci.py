@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from npudoctor.formatters import github, junit, markdown, renderer, sarif
-from npudoctor.engine.results import Depth, Evidence, Location, Remediation, Report, Result, Status, TargetInfo
+from npudoctor.results import Depth, Evidence, Location, Remediation, Report, Result, Status, TargetInfo
 
 XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support.repo import EXAMPLES, REPO
 from support.reports import json_report, result_of
 from support.trees import overlay_tree

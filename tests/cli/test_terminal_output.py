@@ -11,11 +11,12 @@ import os
 import re
 
 import pytest
-from support.repo import EXAMPLES, fetch_sglang
-from support.reports import json_report, result_of
 
 from npudoctor.engine.check import all_checks
 from npudoctor.patching.fixbase import all_fixes
+
+from support.repo import EXAMPLES, fetch_sglang
+from support.reports import json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 WIDTHS = (80, 200)
@@ -167,8 +168,8 @@ def test_expired_ignore_has_advice_but_no_fix_line(cli, release, monkeypatch):
 def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release):
     """No empty bullet: an evidence with no location is "- expected: ..." (a real report of 0.5.12,
     its first NPD001 evidence without its location)."""
-    from npudoctor.engine.runner import CheckRequest, run
     from npudoctor.formatters import text
+    from npudoctor.service.runner import CheckRequest, run
 
     report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
     npd001 = next(r for r in report.results if r.id == "NPD001")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from support.repo import EXAMPLES
 
 from npudoctor.deployment import load
 from npudoctor.deployment.facts import AttentionKind, ModelFacts
 from npudoctor.deployment.launch import parse_command
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
+
+from support.repo import EXAMPLES
 
 MODELS = EXAMPLES / "models"
 

@@ -97,7 +97,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "npudoctor.patching.activation" in graph["npudoctor.patching.planning"]
+    assert "npudoctor.patching.activation" in graph["npudoctor.service.planning"]
     assert "npudoctor.engine.check" in graph["npudoctor.live.child_process"]
     assert any(name.startswith("npudoctor.checks.npd001") for name in graph)
     # a lazy import inside a function counts
@@ -156,3 +156,39 @@ def test_no_module_name_is_used_twice_in_the_engine():
 )
 def test_repeated_names_are_found(paths, expected):
     assert repeated_names([Path(p) for p in paths]) == expected
+
+
+def package_of(module: str) -> str:
+    """The engine package a module belongs to: ``npudoctor.<package>`` for the modules of a
+    subpackage (checks and fixes included), ``npudoctor`` for the root's vocabulary modules
+    (errors, results, lazy); ``npudoctor.__main__`` is the entry point, above everything."""
+    parts = module.split(".")
+    subpackage = len(parts) == 2 and (module in ROOTS or (ROOTS["npudoctor"] / parts[1]).is_dir())
+    if len(parts) > 2 or subpackage:
+        return ".".join(parts[:2])
+    return module if parts[-1] == "__main__" else "npudoctor"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        own = package_of(module)
+        packages.setdefault(own, set()).update(p for p in map(package_of, imported) if p != own)
+    return packages
+
+
+def test_packages_are_layered():
+    """Packages, not only modules, import one way: each package sits on the ones below it
+    (DESIGN.md, "Layers"), so a change to a lower package never needs a higher one."""
+    found = cycles(package_graph(import_graph()))
+    assert not found, "packages that import each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_package_cycles_are_found():
+    graph = {
+        "npudoctor.a.x": {"npudoctor.b.y"},
+        "npudoctor.b.y": set(),
+        "npudoctor.b.z": {"npudoctor.a.w"},
+        "npudoctor.a.w": set(),
+    }
+    assert cycles(package_graph(graph)) == [["npudoctor.a", "npudoctor.b"]]

@@ -17,14 +17,14 @@ import subprocess
 import sys
 
 import pytest
-from support.repo import EXAMPLES
-from support.reports import result_of
 
 from npudoctor.engine.check import Probe, all_checks, verdict
-from npudoctor.engine.evaluate import NO_LIVE_PROBE_APPLIES
-from npudoctor.engine.results import Depth, Evidence, Status
+from npudoctor.results import Depth, Evidence, Status
+from npudoctor.service.evaluate import NO_LIVE_PROBE_APPLIES
 
 from conftest import QUICK_STATES, fixprobe
+from support.repo import EXAMPLES
+from support.reports import result_of
 
 CHECK = next(c for c in all_checks() if c.id == "NPD001")
 MHA_PD = EXAMPLES / "qwen3-moe-pd.yaml"  # FIA off: the NPU MHA pool is page-major

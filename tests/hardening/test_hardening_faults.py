@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES
-from support.reports import json_report, result_of, without_progress
-from support.trees import replace_text
 
 from npudoctor.engine.check import all_checks
 from npudoctor.patching import records
-from npudoctor.patching.planning import BOOTSTRAP_DIR
+from npudoctor.patching.planfile import BOOTSTRAP_DIR
 
 from conftest import sweep
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of, without_progress
+from support.trees import replace_text
 
 NPU = "sglang/srt/hardware_backend/npu"
 MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"

@@ -27,11 +27,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from support.repo import EXAMPLES as EXAMPLE_DIR
 
-import npudoctor.engine.runner
+import npudoctor.service.runner
 from npudoctor.cli import main
 from npudoctor.target.discovery import discover
+
+from support.repo import EXAMPLES as EXAMPLE_DIR
 
 # bounded so the suite stays fast; NPUDOCTOR_FUZZ_EXAMPLES=5000 for a deeper local run
 EXAMPLES = int(os.environ.get("NPUDOCTOR_FUZZ_EXAMPLES", "150"))
@@ -51,7 +52,7 @@ def tree(release):
     path = release("0.5.12")
     shared = discover(path)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(npudoctor.engine.runner, "discover", lambda sglang_path=None: shared)
+        patch.setattr(npudoctor.service.runner, "discover", lambda sglang_path=None: shared)
         yield path
 
 

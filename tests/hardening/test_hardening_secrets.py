@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES
 
 from npudoctor.deployment.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+
+from support.repo import EXAMPLES
 
 FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 MODEL = EXAMPLES / "models" / "deepseek-v3"

@@ -10,10 +10,10 @@ The releases come from PyPI's index (kept in the release cache after the first r
 from __future__ import annotations
 
 import pytest
-from support.repo import EXAMPLES, fetch_sglang
-from support.truths import KIND_FAMILY, TRUTH, expected_status
 
 from conftest import QUICK_STATES, sweep
+from support.repo import EXAMPLES, fetch_sglang
+from support.truths import KIND_FAMILY, TRUTH, expected_status
 
 OLDEST = "0.4.10"
 DEPLOYMENTS = {

@@ -6,10 +6,10 @@ import subprocess
 import sys
 import zipfile
 
-from support.repo import REPO
-
 import npudoctor.checks
 import npudoctor.fixes
+
+from support.repo import REPO
 
 
 def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):

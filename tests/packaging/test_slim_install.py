@@ -15,6 +15,7 @@ import venv
 from pathlib import Path
 
 import pytest
+
 from support.repo import EXAMPLES, REPO
 
 pytestmark = pytest.mark.slow  # builds a venv and installs into it (~1 min)

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES
 
 from npudoctor.engine.check import all_checks
-from npudoctor.patching.planning import BOOTSTRAP_DIR
+from npudoctor.patching.planfile import BOOTSTRAP_DIR
+
+from support.repo import EXAMPLES
 
 PROBES = sorted(
     f"npudoctor.checks.{path.parent.name}.{path.stem}"
@@ -112,4 +113,4 @@ def test_help_list_and_explain_load_no_probe(argv):
     loaded, printed = _loaded(code)
     assert printed == "0 True"
     assert not set(loaded) & set(PROBES)
-    assert "npudoctor.engine.runner" not in loaded
+    assert "npudoctor.service.runner" not in loaded

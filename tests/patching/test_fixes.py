@@ -14,13 +14,13 @@ import venv
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES, REPO
-from support.trees import overlay_tree, replace_text
-from support.truths import RELEASES, TRUTH, truth_verdict
 
 from npudoctor.patching.fixbase import all_fixes
 
 from conftest import fixprobe
+from support.repo import EXAMPLES, REPO
+from support.trees import overlay_tree, replace_text
+from support.truths import RELEASES, TRUTH, truth_verdict
 
 # The deployment each fix is proven on: one where its check's defect bites.
 SCENARIOS = {

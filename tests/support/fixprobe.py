@@ -34,7 +34,7 @@ def _facts(config: str):
 def _decide(fix, config: str, unsafe: bool):
     """``npudoctor fix``'s decision at the static depth: this process already imported sglang behind
     the NPU simulation, and the cases these tests drive are ones both depths agree on."""
-    from npudoctor.patching.planning import plan
+    from npudoctor.service.planning import plan
     from npudoctor.target.discovery import discover
 
     [planned] = plan([fix], discover(), _facts(config), unsafe, depth="static")
@@ -81,10 +81,10 @@ def _signatures(fix) -> dict[str, str]:
 
 
 def inprocess(check_id: str, config: str) -> dict:
+    from npudoctor.live.npusim import simulated_npu
     from npudoctor.patching import activation
     from npudoctor.patching.fixbase import fix_by_id
-    from npudoctor.patching.planning import Action
-    from npudoctor.live.npusim import simulated_npu
+    from npudoctor.service.planning import Action
 
     fix = fix_by_id(check_id)
     # this mode proves the patch and its revert; the --unsafe opt-in is decide's, tested on its own
@@ -113,8 +113,8 @@ def inprocess(check_id: str, config: str) -> dict:
 
 
 def _spawned(check_id: str, config: str, queue) -> None:
-    from npudoctor.patching import activation
     from npudoctor.live.npusim import simulated_npu
+    from npudoctor.patching import activation
 
     with simulated_npu():
         result = _probe(check_id, config)
@@ -132,8 +132,8 @@ def spawn(check_id: str, config: str) -> dict:
 
 
 def plugin(check_id: str, config: str) -> dict:
-    from npudoctor.patching import activation
     from npudoctor.live.npusim import simulated_npu
+    from npudoctor.patching import activation
 
     with simulated_npu():
         from sglang.srt.plugins import load_plugins
@@ -144,10 +144,10 @@ def plugin(check_id: str, config: str) -> dict:
 
 
 def compare(check_id: str, configs: list[str], unsafe: bool, revert: bool) -> dict:
+    from npudoctor.live.npusim import simulated_npu
     from npudoctor.patching import activation
     from npudoctor.patching.fixbase import fix_by_id
-    from npudoctor.patching.planning import Action
-    from npudoctor.live.npusim import simulated_npu
+    from npudoctor.service.planning import Action
 
     fix = fix_by_id(check_id)
     with simulated_npu():

@@ -9,7 +9,7 @@ PROGRESS_LINE = re.compile(r"npudoctor: \[\d+\.\d s\] ")
 
 
 def without_progress(err: str) -> str:
-    """stderr less the progress lines a run without a terminal writes (``npudoctor.engine.progress``)."""
+    """stderr less the progress lines a run without a terminal writes (``npudoctor.service.progress``)."""
     return "".join(line for line in err.splitlines(keepends=True) if not PROGRESS_LINE.match(line))
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.repo import EXAMPLES
-from support.reports import result_of
-from support.truths import TRUTH
 
 from npudoctor.deployment.facts import NO_DEPLOYMENT
 from npudoctor.deployment.load import from_yaml
 from npudoctor.target import history
+
+from support.repo import EXAMPLES
+from support.reports import result_of
+from support.truths import TRUTH
 
 DATA = json.loads(history.DATA.read_text())
 SCENARIO = {  # the witness on which each check's truths are stated (tests/patching/test_fixes.py SCENARIOS)
@@ -125,9 +126,9 @@ def test_history_takes_only_reports_that_answer_its_question(tmp_path):
     turned DeepSeek-V3's NPD005 failure into a pass)."""
     import importlib.util
 
-    from support.repo import REPO
-
     from npudoctor.engine.check import all_checks
+
+    from support.repo import REPO
 
     spec = importlib.util.spec_from_file_location("release_history", REPO / "scripts" / "release_history.py")
     script = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""Server argument names against the release under test (npudoctor.deployment.serverargs, NPD000).
+"""Server argument names against the release under test (npudoctor.target.serverargs, NPD000).
 
 A name no release knows exits 2 with a did-you-mean, naming where it came from; a name another
 release knows but this one lacks is NPD000's finding (exit 1, file:line of the release's
@@ -14,18 +14,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES, REPO
-from support.reports import json_report, result_of
-from support.truths import RELEASES, TRUTH
 
 from npudoctor.deployment import load
 from npudoctor.deployment.facts import GivenArgument
-from npudoctor.deployment.serverargs import history, read_table, validate_arguments
-from npudoctor.engine.errors import InputError
+from npudoctor.errors import InputError
 from npudoctor.static.source import SourceTree
 from npudoctor.target.discovery import discover
+from npudoctor.target.serverargs import history, read_table, validate_arguments
 
 from conftest import sweep
+from support.repo import EXAMPLES, REPO
+from support.reports import json_report, result_of
+from support.truths import RELEASES, TRUTH
 
 MODEL = EXAMPLES / "models" / "qwen3-30b-a3b"
 HISTORY_RELEASES = list(history().releases)
@@ -124,9 +124,7 @@ def test_sglang_parser_path_checks_what_the_parser_did_not_know(release):
     parser.add_argument("--model-path")
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    deploy = load.from_command(
-        ["--model-path", str(MODEL), "--tp-size", "8", "--tp-sise", "16"], parser
-    )
+    deploy = load.from_command(["--model-path", str(MODEL), "--tp-size", "8", "--tp-sise", "16"], parser)
     (role,) = deploy.facts.roles
     assert role.tp_size == 8 and role.unknown_args == ("--tp-sise", "16")
     assert role.given == (GivenArgument("flag", "--tp-sise", "launch command"),)

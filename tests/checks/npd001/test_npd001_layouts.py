@@ -11,14 +11,14 @@ import json
 import re
 
 import pytest
-from support.repo import EXAMPLES
-from support.reports import json_report, result_of
-from support.trees import replace_text
-from support.truths import RELEASES, TRUTH, truth_present
 
 from npudoctor.static.source import SourceTree
 
 from conftest import sweep
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import replace_text
+from support.truths import RELEASES, TRUTH, truth_present
 
 MHA_PD = EXAMPLES / "qwen3-moe-pd.yaml"  # FIA off: page-major NPU MHA pool
 DEPLOYMENTS = {

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.truths import RELEASES, expected_status
-
-from conftest import sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 

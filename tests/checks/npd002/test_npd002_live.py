@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import result_of
 from support.trees import replace_text
 from support.truths import RELEASES, expected_status
-
-from conftest import sweep
 
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import drop_fia_page_factor, replace_text
 from support.truths import RELEASES, expected_status, truth_locations
-
-from conftest import sweep
 
 QWEN_FIA = EXAMPLES / "qwen3-moe-pd-fia.yaml"
 POOL = "sglang/srt/hardware_backend/npu/memory_pool_npu.py"

@@ -27,15 +27,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.repo import EXAMPLES, REPO
-from support.trees import replace_text
-from support.truths import RELEASES, truth_verdict
 from test_npd003_static import write_deployment
 
 from npudoctor.patching.fixbase import fix_by_id
 from npudoctor.target.discovery import discover
 
 from conftest import fixprobe
+from support.repo import EXAMPLES, REPO
+from support.trees import replace_text
+from support.truths import RELEASES, truth_verdict
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), 61 layers, no draft model
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP

@@ -12,13 +12,13 @@ import json
 import re
 
 import pytest
+from test_npd003_static import write_deployment
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import replace_text
 from support.truths import RELEASES, expected_status
-from test_npd003_static import write_deployment
-
-from conftest import sweep
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA (K, V), no draft model
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + NSA indexer (K, V, IK), decode with MTP

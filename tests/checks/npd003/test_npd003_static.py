@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import replace_text
 from support.truths import RELEASES, TRUTH, expected_status, truth_locations
-
-from conftest import sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
 CONN = "sglang/srt/disaggregation/ascend/conn.py"

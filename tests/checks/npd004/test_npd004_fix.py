@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.repo import EXAMPLES
-from support.reports import result_of
-from support.trees import NPU_BACKEND, method_span, overlay_tree
 
 from npudoctor.patching.fixbase import fix_by_id
 from npudoctor.target.discovery import discover
 
 from conftest import fixprobe
+from support.repo import EXAMPLES
+from support.reports import result_of
+from support.trees import NPU_BACKEND, method_span, overlay_tree
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 FIXED = ("0.5.9", "0.5.11", "0.5.12", "0.5.13", "0.5.15", "0.5.23")

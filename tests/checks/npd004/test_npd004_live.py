@@ -9,14 +9,14 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from support.repo import EXAMPLES
-from support.reports import json_report, result_of
-from support.trees import NPU_BACKEND, method_span, replace_text
-from support.truths import RELEASES, TRUTH, expected_status
 
 from npudoctor.checks.npd004_cp_metadata_fields import live
 
 from conftest import sweep
+from support.repo import EXAMPLES
+from support.reports import json_report, result_of
+from support.trees import NPU_BACKEND, method_span, replace_text
+from support.truths import RELEASES, TRUTH, expected_status
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 # The releases by what their CP preparation admits (the truths' evidence): no FIA CP path at all,

@@ -16,12 +16,12 @@ import json
 from pathlib import Path
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import replace_text
 from support.truths import TRUTH
-
-from conftest import sweep
 
 MODELS = EXAMPLES / "models"
 STRATEGIES = TRUTH["cp_strategies"]["NPD004"]

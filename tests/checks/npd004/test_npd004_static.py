@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import NPU_BACKEND, method_span, replace_text
 from support.truths import RELEASES, TRUTH, expected_status, truth_locations
-
-from conftest import sweep
 
 CP_PREFILL = EXAMPLES / "qwen3-cp-prefill.yaml"
 BACKEND = NPU_BACKEND

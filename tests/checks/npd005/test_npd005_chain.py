@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import replace_text

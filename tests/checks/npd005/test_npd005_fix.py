@@ -17,15 +17,15 @@ import json
 from pathlib import Path
 
 import pytest
-from support.repo import EXAMPLES
-from support.trees import replace_text
 
 from npudoctor.deployment.load import from_yaml
 from npudoctor.patching.fixbase import fix_by_id
-from npudoctor.patching.planning import Action, plan
+from npudoctor.service.planning import Action, plan
 from npudoctor.target.discovery import discover
 
 from conftest import fixprobe
+from support.repo import EXAMPLES
+from support.trees import replace_text
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_MOE = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool
@@ -135,7 +135,7 @@ def test_releases_where_the_check_passes_need_no_fix(version, release):
 
 
 def test_record_lists_the_sites_installed_on_0514(release):
-    from npudoctor.patching.planning import Planned, record_document
+    from npudoctor.service.planning import Planned, record_document
 
     fix = fix_by_id("NPD005")
     target = discover(release("0.5.14"))

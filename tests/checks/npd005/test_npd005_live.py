@@ -11,6 +11,8 @@ import json
 import re
 
 import pytest
+
+from conftest import sweep
 from npd005_support import NPD005_POOL_DEFS
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
@@ -24,8 +26,6 @@ from support.truths import (
     truth_present,
     truth_verdict,
 )
-
-from conftest import sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA: NPUMLATokenToKVPool
 QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA with FIA: NPUMHATokenToKVPool

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import sweep
 from npd005_support import NPD005_POOL_DEFS
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.trees import replace_text
 from support.truths import KIND_FAMILY, RELEASES, truth_locations, truth_present
-
-from conftest import sweep
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA
 QWEN_PD = EXAMPLES / "qwen3-moe-pd-fia.yaml"  # GQA: the NPU MHA pool

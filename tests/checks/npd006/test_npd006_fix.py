@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.repo import EXAMPLES
-from support.trees import replace_text
 
 from conftest import fixprobe, sweep
+from support.repo import EXAMPLES
+from support.trees import replace_text
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"

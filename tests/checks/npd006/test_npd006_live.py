@@ -6,11 +6,11 @@ NPUMLATokenToKVPool.get_state_buf_infos for MLA without the NSA indexer)."""
 from __future__ import annotations
 
 import pytest
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.truths import RELEASES, expected_status, truth_locations
-
-from conftest import sweep
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without indexer; prefill PP 2 (30 + 31 layers)
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA + indexer; decode with one MTP draft layer

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
+from conftest import sweep
 from support.repo import EXAMPLES
 from support.reports import json_report, result_of
 from support.truths import RELEASES, expected_status, truth_locations
-
-from conftest import sweep
 
 DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without the NSA indexer
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"  # MLA with the indexer, decode with MTP

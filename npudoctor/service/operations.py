@@ -2,7 +2,7 @@
 
 ``fix`` plans (the default), records (``--apply``), compares (``--status``) or removes
 (``--revert``) the fixes of one sglang and deployment; ``run`` plans the same way for the
-command it starts. The decisions themselves are ``npudoctor.patching.planning``'s; the record
+command it starts. The decisions themselves are ``npudoctor.service.planning``'s; the record
 is ``npudoctor.patching.records``'. Like them, this module never imports sglang.
 """
 
@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npudoctor.engine.errors import InputError, NoTargetError
-from npudoctor.patching import planning, records
+from npudoctor.errors import InputError, NoTargetError
+from npudoctor.patching import records
+from npudoctor.service import planning
 
 if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
-    from npudoctor.engine.runner import CheckRequest
+    from npudoctor.service.runner import CheckRequest
     from npudoctor.target.discovery import Target
 
 
@@ -39,7 +40,7 @@ class FixSetting:
 def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:
     """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment; with
     ``writing`` (``--apply``), the record directory is proven writable before the plan's live run."""
-    from npudoctor.engine.runner import load_deployment
+    from npudoctor.service.runner import load_deployment
     from npudoctor.target.discovery import discover, require_ascend_backend
 
     target = discover(request.sglang_path)
@@ -52,9 +53,9 @@ def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixS
 
 def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool, quiet: bool):
     """``planning.plan`` of the request's fixes (all of them without --select), with progress."""
-    from npudoctor.deployment.serverargs import validate_arguments
-    from npudoctor.engine.progress import Progress
-    from npudoctor.engine.runner import live_steps
+    from npudoctor.service.progress import Progress
+    from npudoctor.service.runner import live_steps
+    from npudoctor.target.serverargs import validate_arguments
 
     validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
     fixes = planning.select_fixes(request.select)
@@ -189,7 +190,7 @@ def run_deployment(request: CheckRequest) -> Facts:
     """The deployment ``npudoctor run`` plans for: the one --config or --model-path describes (the
     command is then only run), else the launch command's; a command npudoctor cannot read as an
     sglang launch gets the fixes for the worst case."""
-    from npudoctor.engine.runner import load_deployment
+    from npudoctor.service.runner import load_deployment
 
     if request.config is not None or request.model_path is not None:
         request = replace(request, launch_command=[])

@@ -34,11 +34,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npudoctor.target import resultcache
-from npudoctor.engine.errors import InputError
 from npudoctor.deployment.redact import redact_value
-from npudoctor.engine.results import Location
+from npudoctor.errors import InputError
+from npudoctor.results import Location
 from npudoctor.static.source import ClassInfo, SourceTree, body_without_docstring, flatten_conditional
+from npudoctor.target import resultcache
 
 if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts, GivenArgument
@@ -372,7 +372,7 @@ def history_document(tables: dict[str, ServerArgsTable]) -> dict:
     return {
         "about": (
             "Every ServerArgs field and launch flag of the sglang releases below, with the first and "
-            "last release that accepts it (read statically by npudoctor.deployment.serverargs). Regenerate with "
+            "last release that accepts it (read statically by npudoctor.target.serverargs). Regenerate with "
             "`python scripts/server_args_history.py` (see its docstring)."
         ),
         "releases": list(tables),

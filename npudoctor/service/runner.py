@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npudoctor import __version__
-from npudoctor.deployment import load
-from npudoctor.engine import ignores
-from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
-from npudoctor.engine.errors import InputError
-from npudoctor.engine.evaluate import evaluate, reuse
+from npudoctor.deployment import ignores, load
 from npudoctor.deployment.launch import sglang_parser
 from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
+from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.engine.registry import select
-from npudoctor.engine.results import Report, Status
-from npudoctor.deployment.serverargs import validate_arguments
+from npudoctor.errors import InputError
+from npudoctor.results import Report, Status
+from npudoctor.service.evaluate import evaluate, reuse
 from npudoctor.target.discovery import discover, require_ascend_backend
+from npudoctor.target.serverargs import validate_arguments
 
 if TYPE_CHECKING:
-    from npudoctor.engine.progress import Progress
+    from npudoctor.service.progress import Progress
 
 
 @dataclass
@@ -69,7 +68,7 @@ class CheckRequest:
 
 def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map.
-    ``progress`` (``npudoctor.engine.progress``) is told each step: the start, the live import, each probe."""
+    ``progress`` (``npudoctor.service.progress``) is told each step: the start, the live import, each probe."""
     checks = select_checks(request.select)
     deploy = load_deployment(request)
     entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
@@ -144,7 +143,7 @@ def _selected_fixes(ids: list[str]) -> list:
 
 def _fix_plan(fixes, target, results) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
-    from npudoctor.patching.planning import Action, decisions
+    from npudoctor.service.planning import Action, decisions
 
     plan, refused = {}, {}
     for planned in decisions(fixes, target, results, allow_unsafe=True):

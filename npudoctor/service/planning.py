@@ -19,19 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from npudoctor.patching import activation
-from npudoctor.patching import records
-from npudoctor.engine.errors import InputError
-from npudoctor.engine.evaluate import evaluate
 from npudoctor.deployment.facts import Facts
-from npudoctor.patching.fixbase import Fix, Safety, all_fixes
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.engine.registry import select
-from npudoctor.engine.results import Result, Status
+from npudoctor.errors import InputError
+from npudoctor.patching import activation, records
+from npudoctor.patching.fixbase import Fix, Safety, all_fixes
+from npudoctor.patching.planfile import BOOTSTRAP_DIR
+from npudoctor.results import Result, Status
+from npudoctor.service.evaluate import evaluate
 from npudoctor.target.discovery import Target
 
 SCHEMA = 1
-BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"  # holds the sitecustomize.py of `npudoctor run`
 
 
 class Action(str, enum.Enum):
@@ -53,7 +52,7 @@ class Decision:
 
 
 def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False) -> Decision:
-    """Apply only where the check's verdict (``result``, from ``npudoctor.engine.evaluate``) is ``fail``
+    """Apply only where the check's verdict (``result``, from ``npudoctor.service.evaluate``) is ``fail``
     and the code is a shape the fix knows."""
     if result.status in (Status.PASS, Status.SKIP):
         return Decision(fix.id, Action.NOT_NEEDED, f"{fix.id} {result.status.value}: {result.summary}", {})

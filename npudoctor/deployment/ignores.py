@@ -12,8 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any
 
-from npudoctor.engine.errors import InputError, short_repr
-from npudoctor.engine.results import Depth, Remediation, Result, Status
+from npudoctor.errors import InputError, short_repr
+from npudoctor.results import Depth, Remediation, Result, Status
 
 
 @dataclass(frozen=True)

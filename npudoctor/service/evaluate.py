@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from npudoctor.live import child_process
-from npudoctor.engine.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
 from npudoctor.deployment.facts import Facts
-from npudoctor.engine.results import Result
+from npudoctor.engine.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
+from npudoctor.live import child_process
+from npudoctor.results import Result
 from npudoctor.target.discovery import Target
 
 NO_LIVE_PROBE_APPLIES = (

@@ -29,10 +29,10 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudoctor.errors import ExitCode, InputError, NoTargetError
+from npudoctor.results import Report, Status
+from npudoctor.service.runner import CheckRequest, run
 from npudoctor.target import releases
-from npudoctor.engine.errors import ExitCode, InputError, NoTargetError
-from npudoctor.engine.results import Report, Status
-from npudoctor.engine.runner import CheckRequest, run
 from npudoctor.target.discovery import discover
 
 
@@ -319,7 +319,7 @@ def _regressions(checked: list[Row]) -> list[Regression]:
 def _cures(baseline: Row) -> list[Cure]:
     """What ``npudoctor fix`` decides for each of the baseline's findings that has a runtime fix."""
     from npudoctor.patching.fixbase import all_fixes
-    from npudoctor.patching.planning import decisions
+    from npudoctor.service.planning import decisions
 
     fixes = [f for f in all_fixes() if f.id in baseline.findings]
     if not fixes:

@@ -1,0 +1,1 @@
+"""What each command does, end to end: the one path to verdicts (evaluate), a check request (runner), advise, fix decisions (planning) and the fix command's operations, and the progress they report."""
