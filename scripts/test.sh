@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The README's second command: install npudoctor[test] into .venv and run the whole test suite
 # against real sglang releases (fetched from PyPI into .cache/sglang on first use), on every core
-# (pytest-xdist). Extra arguments go to pytest: `./scripts/test.sh -m "not slow"` is the quick tier.
+# (pytest-xdist, --dist loadgroup: the live runs of one release go to one worker, whose zygote
+# imports that sglang once). Extra arguments go to pytest: `./scripts/test.sh -m "not slow"` is
+# the quick tier.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo/scripts/bootstrap.sh"
 cd "$repo"
 status=0
-python -m pytest -q -n auto --dist worksteal "$@" || status=$?
+python -m pytest -q -n auto --dist loadgroup "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
