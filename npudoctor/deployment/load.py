@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,54 @@ def shell_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of ``environ`` (default: this process's) that change sglang's code paths."""
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items() if k.startswith(_CODE_PATH_ENV_PREFIXES)}
+
+
+def described(
+    *,
+    config: Path | None = None,
+    launch_command: list[str] | tuple[str, ...] = (),
+    model_path: Path | None = None,
+    server_flags: Mapping[str, Any] | None = None,
+    env_flags: list[str] | tuple[str, ...] = (),
+    isolated: bool = False,
+    sglang_parser: Callable[[], Any] | None = None,
+) -> Deployment:
+    """The one deployment the command line describes: ``--config``, a launch command, or
+    ``--model-path`` with its flags (``server_flags``: server argument -> value; ``env_flags``:
+    ``NAME=VALUE``), or none (every check assumes its worst case). The shell's code-path
+    variables are under it unless ``isolated``. ``sglang_parser`` gives the installed release's own launch parser for a launch
+    command, where the caller may import sglang."""
+    given = [
+        name
+        for name, present in (
+            ("--config", config is not None),
+            ("a launch command", bool(launch_command)),
+            ("--model-path", model_path is not None),
+        )
+        if present
+    ]
+    if len(given) > 1:
+        raise InputError(f"give one deployment description, not {' and '.join(given)}")
+    if (server_flags or env_flags) and model_path is None:
+        raise InputError("--disaggregation-mode/--pp-size/--tp-size/--page-size/--env go with --model-path")
+    shell = {} if isolated else shell_env()
+    if config is not None:
+        return from_yaml(config, shell)
+    if launch_command:
+        return from_command(list(launch_command), sglang_parser() if sglang_parser else None, shell)
+    if model_path is not None:
+        return from_flags(model_path, dict(server_flags or {}), _env_pairs(env_flags), shell)
+    return no_deployment()
+
+
+def _env_pairs(pairs) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InputError(f"--env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return env
 
 
 def from_yaml(path: Path, shell: Mapping[str, str] | None = None) -> Deployment:

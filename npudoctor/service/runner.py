@@ -185,39 +185,16 @@ def load_deployment_from(config: Path | None) -> load.Deployment:
 
 
 def load_deployment(request: CheckRequest) -> load.Deployment:
-    given = [
-        name
-        for name, present in (
-            ("--config", request.config is not None),
-            ("a launch command", bool(request.launch_command)),
-            ("--model-path", request.model_path is not None),
-        )
-        if present
-    ]
-    if len(given) > 1:
-        raise InputError(f"give one deployment description, not {' and '.join(given)}")
-    if (request.server_flags or request.env_flags) and request.model_path is None:
-        raise InputError("--disaggregation-mode/--pp-size/--tp-size/--page-size/--env go with --model-path")
-    shell = {} if request.isolated else load.shell_env()
-    if request.config is not None:
-        return load.from_yaml(request.config, shell)
-    if request.launch_command:
-        # sglang's own parser knows every flag of the installed release; it needs an import,
-        # so only when the run may import sglang at all and the target is the installed one.
-        may_import = request.depth != "static" and request.sglang_path is None
-        parser = sglang_parser() if may_import else None
-        return load.from_command(request.launch_command, parser, shell)
-    if request.model_path is not None:
-        env = _env_pairs(request.env_flags)
-        return load.from_flags(request.model_path, request.server_flags, env, shell)
-    return load.no_deployment()
-
-
-def _env_pairs(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise InputError(f"--env {pair!r}: expected NAME=VALUE")
-        env[name] = value
-    return env
+    """The request's deployment. A launch command is read with sglang's own parser, which knows
+    every flag of the installed release; it needs an import, so only when the run may import
+    sglang at all and the target is the installed one."""
+    may_import = request.depth != "static" and request.sglang_path is None
+    return load.described(
+        config=request.config,
+        launch_command=request.launch_command,
+        model_path=request.model_path,
+        server_flags=request.server_flags,
+        env_flags=request.env_flags,
+        isolated=request.isolated,
+        sglang_parser=sglang_parser if may_import else None,
+    )
