@@ -73,8 +73,8 @@ def described(
     """The one deployment the command line describes: ``--config``, a launch command, or
     ``--model-path`` with its flags (``server_flags``: server argument -> value; ``env_flags``:
     ``NAME=VALUE``), or none (every check assumes its worst case). The shell's code-path
-    variables are under it unless ``isolated``. ``sglang_parser`` gives the installed release's own launch parser for a launch
-    command, where the caller may import sglang."""
+    variables are under it unless ``isolated``. ``sglang_parser`` gives the installed release's
+    own launch parser for a launch command, where the caller may import sglang."""
     given = [
         name
         for name, present in (
