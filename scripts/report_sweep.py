@@ -142,7 +142,8 @@ def main() -> int:
     sweep.add_argument("out")
     sweep.add_argument("versions", nargs="*")
     sweep.add_argument("--depth", default="auto", choices=("static", "auto", "live"))
-    sweep.add_argument("--npudoctor", default=shutil.which("npudoctor") or "npudoctor")
+    beside = Path(sys.executable).parent / "npudoctor"  # this venv's, where the script runs in one
+    sweep.add_argument("--npudoctor", default=str(beside) if beside.is_file() else shutil.which("npudoctor"))
     sweep.add_argument("--jobs", type=int, default=2)
     compare = commands.add_parser("diff", help="compare two sweeps' reports")
     compare.add_argument("before")
