@@ -99,20 +99,28 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def normalized(value, checkout: str):
+def normalized(value, paths: dict[str, str]):
+    """``value`` without what differs from run to run; ``paths`` maps the report's own paths (its
+    target's, its checkout's) to placeholders, the longest first."""
     if isinstance(value, dict):
-        return {k: normalized(v, checkout) for k, v in value.items() if k not in RUN_TO_RUN}
+        return {k: normalized(v, paths) for k, v in value.items() if k not in RUN_TO_RUN}
     if isinstance(value, list):
-        return [normalized(v, checkout) for v in value]
+        return [normalized(v, paths) for v in value]
     if isinstance(value, str):
-        return TORCH_INDEX.sub("index N is out of bounds", value.replace(checkout, "<checkout>"))
+        for path, placeholder in paths.items():
+            value = value.replace(path, placeholder)
+        return TORCH_INDEX.sub("index N is out of bounds", value)
     return value
 
 
-def checkout_of(report: dict) -> str:
-    """The checkout a report's deployment was read from (``yaml:<checkout>/examples/...``)."""
+def own_paths(report: dict) -> dict[str, str]:
+    """The target's path and the checkout the deployment was read from (``yaml:<checkout>/examples/...``)."""
     source = report.get("deployment", {}).get("source", "")
-    return source.removeprefix("yaml:").rpartition("/examples/")[0] or "\0"
+    found = {
+        report.get("target", {}).get("path") or "\0": "<target>",
+        source.removeprefix("yaml:").rpartition("/examples/")[0] or "\0": "<checkout>",
+    }
+    return dict(sorted(found.items(), key=lambda item: -len(item[0])))
 
 
 def diff(args: argparse.Namespace) -> int:
@@ -126,7 +134,7 @@ def diff(args: argparse.Namespace) -> int:
             print(f"{name}: only in {'before' if a.is_file() else 'after'}")
             continue
         old, new = json.loads(a.read_text()), json.loads(b.read_text())
-        old, new = normalized(old, checkout_of(old)), normalized(new, checkout_of(new))
+        old, new = normalized(old, own_paths(old)), normalized(new, own_paths(new))
         if old != new:
             differ += 1
             keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
