@@ -101,18 +101,9 @@ class OffloadEvaluator(LayoutEvaluator):
             self._invoke(method, [], {"indices": TOKENS})
         return method
 
-    def _invoke(self, method: FunctionRef, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """As ``LayoutEvaluator._invoke``, in an environment whose branches join as a union."""
-        if self._depth >= shapes._MAX_DEPTH:
-            return UNKNOWN
-        env = _UnionEnv(self.self_attrs, self._bind(method.node.args, args, kwargs))
-        self._depth += 1
-        try:
-            outcome = self._run(method.node.body, env, method)
-        finally:
-            self._depth -= 1
-        self.self_attrs = env.attrs
-        return outcome.value if isinstance(outcome, shapes._Return) else None
+    def _environment(self, attrs: dict[str, Any], local: dict[str, Any]) -> _UnionEnv:
+        """Branches join as a union: an offload reads whatever any branch may have built."""
+        return _UnionEnv(attrs, local)
 
     # ----- statements ------------------------------------------------------------
     def _exec(self, stmt: ast.stmt, env, method: FunctionRef) -> None:

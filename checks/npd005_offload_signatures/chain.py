@@ -35,7 +35,7 @@ from npudoctor.results import Evidence, Location
 from npudoctor.static.classdefs import has_dynamic_attributes, instance_names
 from npudoctor.static.poolclasses import OFFLOAD_METHODS
 from npudoctor.static.signatures import CallShape, bind_errors, is_super_call, method_calls, self_attribute
-from npudoctor.static.source import ClassInfo, FunctionRef
+from npudoctor.static.source import ClassInfo, FunctionRef, own_nodes
 from npudoctor.static.walker import Frame, PathWalker, base_call, super_target
 
 ENTRY, ALLOC, POOL, SUB, MAMBA = "scheduler", "allocator", "pool", "sub-pool", "mamba pool"
@@ -378,17 +378,7 @@ def _guarded(function, call: ast.Call, receiver: str) -> bool:
 
 def _own_calls(func) -> list[ast.Call]:
     """Method calls in ``func``'s own body (not in nested functions or classes), in source order."""
-    found = []
-    stack = list(ast.iter_child_nodes(func))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-    found.sort(key=lambda n: (n.lineno, n.col_offset))
-    return found
+    return [n for n in own_nodes(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
 
 
 def _is_called(func, attribute: ast.Attribute) -> bool:

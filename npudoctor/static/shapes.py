@@ -148,11 +148,15 @@ class LayoutEvaluator:
         return UNKNOWN if method is None else self._invoke(method, [], {})
 
     # ----- execution ---------------------------------------------------------------
+    def _environment(self, attrs: dict[str, Any], local: dict[str, Any]) -> _Env:
+        """The environment a method runs in (an evaluator that joins branches differently
+        overrides it)."""
+        return _Env(attrs, local)
+
     def _invoke(self, method: FunctionRef, args: list[Any], kwargs: dict[str, Any]) -> Any:
         if self._depth >= _MAX_DEPTH:
             return UNKNOWN
-        local = self._bind(method.node.args, args, kwargs)
-        env = _Env(self.self_attrs, local)
+        env = self._environment(self.self_attrs, self._bind(method.node.args, args, kwargs))
         self._depth += 1
         try:
             outcome = self._run(method.node.body, env, method)

@@ -488,7 +488,7 @@ def body_without_docstring(func: FunctionNode) -> list[ast.stmt]:
     return body
 
 
-def _own_nodes(func: ast.AST) -> list[ast.AST]:
+def own_nodes(func: ast.AST) -> list[ast.AST]:
     """The nodes of a function body in source order, not descending into nested scopes."""
     found = []
     stack = list(ast.iter_child_nodes(func))
@@ -503,13 +503,13 @@ def _own_nodes(func: ast.AST) -> list[ast.AST]:
 
 
 def _calls(func: ast.AST) -> Iterator[ast.Call]:
-    for node in _own_nodes(func):
+    for node in own_nodes(func):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             yield node
 
 
 def _self_assignments(ref: FunctionRef) -> Iterator[AttributeUse]:
-    for node in _own_nodes(ref.node):
+    for node in own_nodes(ref.node):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_self(node.value):
             yield AttributeUse(node.attr, ref, node.lineno)
         elif (
@@ -527,7 +527,7 @@ def _self_assignments(ref: FunctionRef) -> Iterator[AttributeUse]:
 def _self_reads(ref: FunctionRef) -> Iterator[AttributeUse]:
     guarded = {
         node.args[1].value
-        for node in _own_nodes(ref.node)
+        for node in own_nodes(ref.node)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id in ("hasattr", "getattr")
@@ -535,7 +535,7 @@ def _self_reads(ref: FunctionRef) -> Iterator[AttributeUse]:
         and is_self(node.args[0])
         and isinstance(node.args[1], ast.Constant)
     }
-    for node in _own_nodes(ref.node):
+    for node in own_nodes(ref.node):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Load)
