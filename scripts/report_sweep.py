@@ -3,7 +3,7 @@
 A change that should not change behaviour (a refactor, a speed-up) is proved by running the same
 sweep with the code before and after it and comparing the JSON reports::
 
-    python scripts/report_sweep.py run OUT_DIR [--depth auto] [--npudoctor PATH] [--jobs 2] [VERSION ...]
+    python scripts/report_sweep.py run OUT_DIR [--depth auto] [--npudoctor PATH] [--jobs 2] [--versions V ...]
     python scripts/report_sweep.py diff BEFORE_DIR AFTER_DIR
 
 ``run`` writes ``<version>__<example>.json`` (``npudoctor check --format json``) for each example
@@ -148,7 +148,9 @@ def main() -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     sweep = commands.add_parser("run", help="check every example against every cached release")
     sweep.add_argument("out")
-    sweep.add_argument("versions", nargs="*")
+    sweep.add_argument(
+        "--versions", nargs="+", metavar="VERSION", help="these releases only (default: every cached one)"
+    )
     sweep.add_argument("--depth", default="auto", choices=("static", "auto", "live"))
     beside = Path(sys.executable).parent / "npudoctor"  # this venv's, where the script runs in one
     sweep.add_argument("--npudoctor", default=str(beside) if beside.is_file() else shutil.which("npudoctor"))
