@@ -432,14 +432,13 @@ def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: M
     accepted = inspect.signature(server_args_class).parameters
     given = {k: v for k, v in role.server_args.items() if k in accepted}
     given["disaggregation_mode"] = role.disaggregation_mode
+    given["model_path"] = processstate.PROBE_MODEL_PATH  # the deployment's own model is memoised below
     saved = [(part, _state_of(part)) for part in _context_parts(context)]
     try:
         if record:
-            server_args = processstate.dataclass_instance(
-                server_args_class, {**given, "model_path": processstate.PROBE_MODEL_PATH}
-            )
+            server_args = processstate.dataclass_instance(server_args_class, given)
         else:
-            server_args = server_args_class(model_path=processstate.PROBE_MODEL_PATH, **given)
+            server_args = server_args_class(**given)
         if model is not None:
             _memoise_model_config(server_args, processstate.served_model_config(model))
         context.set_server_args(server_args)

@@ -161,15 +161,16 @@ def from_command(argv: list[str], parser=None, shell: Mapping[str, str] | None =
     command = parse_command(argv, parser)
     env = {**(shell or {}), **command.env}
     model = None
-    model_path = command.server_args.get("model_path")
+    # the model is the deployment's model facts, as --config's model: and --model-path give it, not
+    # a server argument: the same deployment has the same facts in every form
+    server_args = dict(command.server_args)
+    model_path = server_args.pop("model_path", None)
     if model_path:
         model = model_from_dir(Path(str(model_path)), "launch command: --model-path")
-    mode = str(command.server_args.get("disaggregation_mode") or "null")
+    mode = str(server_args.get("disaggregation_mode") or "null")
     name = mode if mode in ("prefill", "decode") else "server"
     given = tuple(GivenArgument("flag", flag, "launch command") for flag in command.flags)
-    role = role_facts(
-        name, command.server_args, env, model, tuple(command.unknown_args), "launch command", given
-    )
+    role = role_facts(name, server_args, env, model, tuple(command.unknown_args), "launch command", given)
     return Deployment(
         Facts(model=model, roles=(role,), source="command", env_from_shell=_taken(shell, command.env))
     )

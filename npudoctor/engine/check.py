@@ -53,6 +53,7 @@ class LiveOutcome:
     peak_rss_mb: float = 0.0
     import_rss_mb: float = 0.0  # peak RSS right after importing the probed modules
     fixes: dict[str, str] = field(default_factory=dict)  # runtime fix id -> "applied" or why not
+    from_cache: bool = False  # kept from an earlier identical run (``npudoctor.service.evaluate``)
 
 
 class Check:

@@ -4,11 +4,16 @@
 the in-process API all call ``evaluate``, and every verdict comes from ``check.verdict``:
 a deployment gets the same answer whichever command asks. At ``auto`` and ``live`` depth the
 live probes run in one child (``npudoctor.live.child_process``), and only for the checks whose scope the
-deployment is in: a deployment no check applies to starts no child at all.
+deployment is in: a deployment no check applies to starts no child at all. A live outcome is kept
+in the result cache (``npudoctor.target.resultcache``) under the tree, the deployment, npudoctor's code
+and the Python environment: the README's flow (``check``, ``fix``, ``fix --apply``, ``--status``,
+``run``) runs the live depth once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +21,7 @@ from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
 from npudoctor.live import child_process
 from npudoctor.results import Result
+from npudoctor.target import resultcache
 from npudoctor.target.discovery import Target
 
 NO_LIVE_PROBE_APPLIES = (
@@ -53,14 +59,86 @@ def evaluate(
     statics = {}
     if depth != "static":
         probed = live_checks(checks, facts, depth)
-        child = child_process.start(target, facts, probed, on_step, fixes) if probed else None
-        # the static probes run while the child imports sglang (seconds of a live run)
-        statics = static_probes(checks, target, facts, depth) if child is not None else {}
-        outcome = child.outcome() if child is not None else LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)
+        outcome = _kept_outcome(target, facts, probed, fixes)
+        if outcome is not None:
+            if on_step is not None:
+                on_step("kept")
+        elif probed:
+            child = child_process.start(target, facts, probed, on_step, fixes)
+            # the static probes run while the child imports sglang (seconds of a live run)
+            statics = static_probes(checks, target, facts, depth)
+            outcome = child.outcome()
+            _keep_outcome(outcome, target, facts, probed, fixes)
+        else:
+            outcome = LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)
         outcome.fixes.update(declined or {})
     with collector_paused():
         results = run_checks(checks, target, facts, depth, on_done, outcome, statics)
     return Evaluation(results, outcome)
+
+
+# The environment variables a live child inherits that can change what the probed code does (sglang's
+# and torch's switches, the import path, the thread pools); the rest of the caller's environment
+# (the terminal, the working directory) cannot, and must not make every shell a cache miss.
+_LIVE_ENV_PREFIXES = (
+    "ASCEND_",
+    "SGLANG_",
+    "HCCL_",
+    "PYTORCH_",
+    "TORCH_",
+    "TASK_QUEUE_",
+    "PYTHON",
+    "LD_",
+    "OMP_",
+    "MKL_",
+    "HF_",
+    "TRANSFORMERS_",
+    "NPUDOCTOR_",
+)
+
+
+def _live_key(facts: Facts, probed: list[Check], fixes: dict[str, dict[str, str]] | None) -> tuple[str, ...]:
+    """What a live run's outcome is a function of, beside the tree and npudoctor's own code (both
+    in the cache's key): the deployment, the probes run, the fixes enabled, the Python environment
+    and the inherited variables that can change the probed code's behaviour."""
+    env = sorted(
+        (k, v)
+        for k, v in os.environ.items()
+        if k.startswith(_LIVE_ENV_PREFIXES) and k != "NPUDOCTOR_CACHE_DIR"
+    )
+    return (
+        repr(facts),
+        " ".join(sorted(c.id for c in probed)),
+        repr(sorted((fixes or {}).items())),
+        repr(env),
+        resultcache.installed_fingerprint(),
+    )
+
+
+def _kept_outcome(
+    target: Target, facts: Facts, probed: list[Check], fixes: dict[str, dict[str, str]] | None
+) -> LiveOutcome | None:
+    if not probed:
+        return None
+    found = resultcache.lookup("live outcome", target.cache_key, *_live_key(facts, probed, fixes))
+    if not isinstance(found, LiveOutcome):
+        return None
+    return dataclasses.replace(found, from_cache=True)
+
+
+def _keep_outcome(
+    outcome: LiveOutcome,
+    target: Target,
+    facts: Facts,
+    probed: list[Check],
+    fixes: dict[str, dict[str, str]] | None,
+) -> None:
+    """Keep an outcome every probe of which ran to its end: not one where the live depth was
+    unavailable, a probe raised or did not run (a timeout, a crash, this host's trouble), which the
+    next command should try again."""
+    if outcome.unavailable or outcome.errors or outcome.not_run:
+        return
+    resultcache.keep(outcome, "live outcome", target.cache_key, *_live_key(facts, probed, fixes))
 
 
 def reuse(

@@ -1,4 +1,5 @@
-"""The static-result cache: a check's static probe, kept on disk for the same code and deployment.
+"""The result cache: a check's static probe, and a live run's outcome, kept on disk for the same
+code and deployment.
 
 A static probe is a function of three things only: the target's source files, the deployment
 (``Facts``) and npudoctor's own code. Its ``Probe`` is kept under a key made of all three, so
@@ -18,8 +19,13 @@ across releases saves almost nothing either. A cached probe costs one stat walk 
 * npudoctor: the path, size and modification time of every file of the installed package and
   its checks, and the Python version, so an upgrade or an edit of a check is a new cache.
 
+A live run's outcome (``npudoctor.service.evaluate``) is a function of the same three and of the
+Python environment the live child imports from (``installed_fingerprint``: torch's version, the
+modules stood in), so it is kept under those four: ``check``, ``fix``, ``fix --apply``, ``fix
+--status`` and ``run`` of one deployment run the live depth once.
+
 Kept in ``$NPUDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/npudoctor`` (``~/.cache/npudoctor``);
-``NPUDOCTOR_NO_CACHE=1`` (or ``--no-cache``) turns it off. A probe that raises is never kept.
+``NPUDOCTOR_NO_CACHE=1`` turns it off. A probe that raises is never kept.
 An unreadable or damaged entry is a miss; a cache directory that cannot be written costs only
 the speed.
 """
@@ -56,17 +62,49 @@ def remembered(kind: str, tree: tuple[str, ...], compute: Callable[[], T], *inpu
     """``compute()``, a function of one source tree (``Target.cache_key``: where, which version,
     ``tree_fingerprint``) and ``inputs`` only, from the cache when the same code already computed
     it for the same tree and inputs."""
+    found = lookup(kind, tree, *inputs)
+    if found is not MISS:
+        return found  # type: ignore[return-value]
+    value = compute()
+    keep(value, kind, tree, *inputs)
+    return value
+
+
+MISS = object()  # what ``lookup`` returns when the cache holds no answer
+
+
+def lookup(kind: str, tree: tuple[str, ...], *inputs: str) -> object:
+    """The answer kept for ``kind`` on this tree and ``inputs`` (see ``remembered``), else ``MISS``:
+    for a caller that computes the answer in steps (the live depth: a child started, other work
+    done while it runs, its outcome collected) and ``keep``s it at the end."""
     if not enabled():
-        return compute()
-    path = _entry(kind, tree, inputs)
+        return MISS
     with (
         contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError),
-        open(path, "rb") as handle,
+        open(_entry(kind, tree, inputs), "rb") as handle,
     ):
         return pickle.load(handle)
-    value = compute()
-    _store(path, value)
-    return value
+    return MISS
+
+
+def keep(value: object, kind: str, tree: tuple[str, ...], *inputs: str) -> None:
+    """Keep ``value`` as the answer ``lookup`` gives for the same ``kind``, tree and ``inputs``."""
+    if enabled():
+        _store(_entry(kind, tree, inputs), value)
+
+
+def installed_fingerprint() -> str:
+    """The Python environment this process imports from: the interpreter, ``sys.path`` and the
+    distributions installed on it (their ``*.dist-info`` names carry the versions). The live
+    depth's answer depends on them (torch's version, which modules stand in), not only on the
+    tree: an install or upgrade beside sglang is a new key. One directory listing per path entry."""
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode("utf-8", "surrogateescape"))
+    for entry in sys.path:
+        digest.update(f"\0{entry}\n".encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(OSError), os.scandir(entry or ".") as entries:
+            names = sorted(e.name for e in entries if e.name.endswith((".dist-info", ".egg-info", ".pth")))
+            digest.update("\n".join(names).encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
 
 def tree_fingerprint(package_dir: Path) -> str:
