@@ -37,6 +37,7 @@ WITNESSES = {
     "qwen3-moe-pd": "qwen3-moe-pd.yaml",  # GQA, FIA off
     "qwen3-cp-prefill": "qwen3-cp-prefill.yaml",  # GQA, FIA, context-parallel prefill
     "llama4-scout-swa-pd": "llama4-scout-swa-pd.yaml",  # GQA with sliding-window layers
+    "llama3-70b-pp3-pd": "llama3-70b-pp3-pd.yaml",  # GQA, prefill PP 3 over 80 layers (the MHA splitter)
 }
 
 

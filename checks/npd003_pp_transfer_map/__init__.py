@@ -43,7 +43,6 @@ from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA_INDEXER, Facts, 
 from npudoctor.engine.check import Check, Probe
 from npudoctor.results import Status
 from npudoctor.static.poolclasses import pool_family
-from npudoctor.target import history
 from npudoctor.target.discovery import Target
 
 # With no model given, the live probe builds models of DeepSeek-V3.2's depth: 61 layers split
@@ -82,17 +81,6 @@ class PipelineTransferMap(Check):
         "the MHA splitter sliced at the served model's layer count from 0.5.12; unsafe): "
         "npudoctor fix --apply --unsafe --select NPD003"
     )
-
-    def run(self, target, facts, depth="auto", live=None, static=None):
-        """The verdict, with the release history's upgrade advice only where the history speaks for
-        the deployment's pool family: its NPD003 witness is an MLA deployment (fixed in 0.5.12 by
-        #23893), while the MHA splitter's divisibility guess ships in every release through 0.5.23,
-        so "upgrade" is no remedy for a failing MHA deployment."""
-        result = super().run(target, facts, depth, live, static)
-        remedy = result.remediation
-        if remedy is not None and remedy.fixed_in is not None and "mha" in _families(facts):
-            result = dataclasses.replace(result, remediation=self.remediation(history.Upstream(None, None)))
-        return result
 
     def live_imports(self) -> None:
         from npudoctor.live import livepools  # live only: never loaded at static depth

@@ -114,29 +114,40 @@ class Check:
             static = cached_static(self, target, facts)
         live_probe, live_note = self._live_probe(depth, live)
         fix_outcome = live.fixes.get(self.id) if live is not None else None
-        result = verdict(self, static, live_probe, live_note, fix_outcome)
-        if result.remediation is None or not self.upstream_history:
-            return result
-        return dataclasses.replace(
-            result, remediation=self.remediation(history.upstream(self.id, facts, target.version))
-        )
+        return verdict(self, static, live_probe, live_note, fix_outcome)
 
-    def remediation(self, upstream: history.Upstream) -> Remediation:
-        """What to do about a finding: the release history's upgrade (``npudoctor.target.history``) where
-        there is one, and npudoctor's own remedy."""
-        if upstream.fixed_in is not None:
+    def remediation(self, own: history.Upstream, deployment: history.Upstream | None = None) -> Remediation:
+        """What to do about a finding: the release history's upgrade (``npudoctor.target.history``)
+        where there is one, and npudoctor's own remedy. ``own``: where this check's property holds
+        for the deployment; ``deployment``: the first release from which every check in the
+        deployment's scope holds (``history.deployment_upgrade``): the only upgrade recommended,
+        so that no finding points at a release where another check of the deployment fails."""
+        deployment = deployment or own
+        remedy = self.how_to_fix[:1].upper() + self.how_to_fix[1:]
+        if own.fixed_in is None:
             advice = (
-                f"Upgrade sglang to {upstream.fixed_in} or later (the property holds from there in every "
-                f"release npudoctor checked, through {upstream.newest_checked}), or {self.how_to_fix}"
+                f"Not fixed upstream as of sglang {own.newest_checked}: {self.how_to_fix}"
+                if own.newest_checked is not None
+                else remedy
             )
-        elif upstream.newest_checked is not None:
-            advice = f"Not fixed upstream as of sglang {upstream.newest_checked}: {self.how_to_fix}"
+        elif deployment.fixed_in is not None:
+            also = (
+                f"; the other checks of this deployment hold from {deployment.fixed_in}"
+                if deployment.fixed_in != own.fixed_in
+                else ""
+            )
+            advice = (
+                f"Upgrade sglang to {deployment.fixed_in} or later (this property holds from {own.fixed_in}"
+                f"{also}, in every release npudoctor checked through {deployment.newest_checked}), "
+                f"or {self.how_to_fix}"
+            )
         else:
-            advice = self.how_to_fix[:1].upper() + self.how_to_fix[1:]
-        unfixed = upstream.newest_checked if upstream.fixed_in is None else None
-        return Remediation(
-            fix_id=self._fix_id, fixed_in=upstream.fixed_in, advice=advice, unfixed_as_of=unfixed
-        )
+            advice = (
+                f"Fixed upstream in sglang {own.fixed_in}, but no release npudoctor checked through "
+                f"{deployment.newest_checked} holds every check of this deployment: {self.how_to_fix}"
+            )
+        unfixed = own.newest_checked if own.fixed_in is None else None
+        return Remediation(fix_id=self._fix_id, fixed_in=own.fixed_in, advice=advice, unfixed_as_of=unfixed)
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
         if depth == "static" or not self.has_live:
@@ -320,12 +331,25 @@ def run_checks(
         for check in checks:
             try:
                 result = check.run(target, facts, depth, live, statics.get(check.id))
+                result = _with_history(check, result, target, facts)
             except Exception as error:  # a broken check must not hide the others' findings
                 result = check.error_result(error)
             results.append(result)
             if on_done is not None:
                 on_done(check, result)
     return results
+
+
+def _with_history(check: Check, result: Result, target: Target, facts: Facts) -> Result:
+    """A finding's remediation with the release history for this deployment: where the check's
+    property holds, and the one release every check in the deployment's scope holds from (all
+    checks, not only those run: ``--select`` must not recommend a release another check fails)."""
+    if result.remediation is None or not check.upstream_history:
+        return result
+    in_scope = [c.id for c in all_checks() if c.upstream_history and c.out_of_scope(facts) is None]
+    own = history.upstream(check.id, facts, target.version)
+    deployment = history.deployment_upgrade(in_scope, facts, target.version)
+    return dataclasses.replace(result, remediation=check.remediation(own, deployment))
 
 
 def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str) -> dict[str, Probe]:

@@ -53,25 +53,60 @@ def _load() -> dict:
 def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None = None) -> Upstream:
     """The release history's answer for ``check_id``'s finding on ``version`` for ``facts``
     (``data``: a history document; by default the bundled one)."""
+    return deployment_upgrade([check_id], facts, version, data)
+
+
+def deployment_upgrade(
+    check_ids: list[str], facts: Facts, version: str | None, data: dict | None = None
+) -> Upstream:
+    """The first release after ``version`` from which every check of ``check_ids`` holds for
+    ``facts`` in every later release checked: one answer for the whole deployment, so that no
+    finding recommends a release where another check of the same deployment fails (NPD005 came
+    back for MLA in 0.5.13 and 0.5.14, after NPD001 was fixed in 0.5.13). ``fixed_in`` None with
+    ``newest_checked`` set: some check still fails on the newest release; both None: the history
+    cannot tell (no witness of the deployment's kind runs these checks, or no later release)."""
     data = _load() if data is None else data
     releases = sorted(data.get("releases", []), key=version_key)
     if not releases:
         return Upstream(None, None)
     newest = releases[-1]
-    if not any(check_id in w.get("results", {}) for w in data.get("witnesses", {}).values()):
-        return Upstream(None, None)  # a check the history has not run yet (a new one): it cannot tell
-    witnesses = _witnesses(data, check_id)
-    if facts.described and facts.model is not None:  # else nothing to match on: every witness speaks
-        witnesses = [w for w in witnesses if _matches(w, facts)]
-    if not witnesses:
-        return Upstream(None, None)  # no witness of the deployment's kind runs the check: it cannot tell
     after = version_key(version) if version else ()
     if after and version_key(newest) <= after:
         return Upstream(None, None)  # no later release checked: the history cannot tell
-    fixes = [_fixed_from(w["results"][check_id], releases, after) for w in witnesses]
-    if any(fix is None for fix in fixes):
-        return Upstream(None, newest)
-    return Upstream(max(fixes, key=version_key), newest)
+    tables = [table for check_id in check_ids for table in deployment_tables(check_id, facts, data)]
+    if not tables:
+        return Upstream(None, None)
+    holds = {
+        r: all(t.get(r, "skip") in _HOLDS for t in tables) for r in releases if any(r in t for t in tables)
+    }
+    fixed = holds_from(holds, after)
+    return Upstream(fixed, newest)
+
+
+def deployment_tables(check_id: str, facts: Facts, data: dict | None = None) -> list[dict[str, str]]:
+    """``{release: status}`` of ``check_id`` on each witness deployment that builds ``facts``'s
+    code path (every witness when the deployment is not described), leaving out witnesses the
+    check skips on every release: the per-deployment history ``check``, ``list``, ``explain``
+    and ``advise`` read."""
+    data = _load() if data is None else data
+    if not any(check_id in w.get("results", {}) for w in data.get("witnesses", {}).values()):
+        return []  # a check the history has not run yet (a new one): it cannot tell
+    witnesses = _witnesses(data, check_id)
+    if facts.described and facts.model is not None:  # else nothing to match on: every witness speaks
+        witnesses = [w for w in witnesses if _matches(w, facts)]
+    return [w["results"][check_id] for w in witnesses]
+
+
+def holds_from(holds: dict[str, bool], after: tuple[int, ...] = ()) -> str | None:
+    """The first release after ``after`` from which every later release of ``holds`` (release ->
+    whether the property, or the whole deployment, holds there) holds: what "upgrade to X or later"
+    promises. The one rule for ``check``'s advice and ``advise``'s recommendation."""
+    fixed = None
+    for release in sorted((r for r in holds if version_key(r) > after), key=version_key, reverse=True):
+        if not holds[release]:
+            break
+        fixed = release
+    return fixed
 
 
 def witness_deployments(check_id: str, data: dict | None = None) -> list[str]:
@@ -104,14 +139,3 @@ def _matches(witness: dict, facts: Facts) -> bool:
 def v_head_dim_differs(attention: str, head_dim: int | None, v_head_dim: int | None) -> bool:
     """An MHA/GQA model whose V head dim is not K's (MLA's always differ: its latent layout is its own)."""
     return attention in ("mha", "gqa") and v_head_dim not in (None, head_dim)
-
-
-def _fixed_from(statuses: dict[str, str], releases: list[str], after: tuple[int, ...]) -> str | None:
-    """The first release after ``after`` from which every release checked holds the property."""
-    later = [r for r in releases if version_key(r) > after and r in statuses]
-    fixed = None
-    for release in reversed(later):
-        if statuses[release] not in _HOLDS:
-            break
-        fixed = release
-    return fixed

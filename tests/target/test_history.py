@@ -9,6 +9,7 @@ deployment's kind; a defect the newest release checked still has says "not fixed
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -78,13 +79,85 @@ def test_a_defect_in_the_newest_release_is_not_fixed_upstream():
 
 
 def test_the_report_carries_the_history_advice(cli, release):
+    """NPD001's property holds for DeepSeek-V3 from 0.5.13, but NPD005 fails for it on 0.5.13 and
+    0.5.14 (known.yaml): the upgrade named is the first release from which every check of the
+    deployment holds, even with ``--select NPD001``."""
     code, out, err = cli("check", "-f", "json", "--sglang-path", release("0.5.12"),
                          "--config", EXAMPLES / "deepseek-v3-pd.yaml", "--select", "NPD001")  # fmt: skip
     assert code == 1, err
     remediation = result_of(json.loads(out), "NPD001")["remediation"]
     assert remediation["fixed_in"] == "0.5.13" and remediation["unfixed_as_of"] is None
-    assert remediation["advice"].startswith("Upgrade sglang to 0.5.13 or later")
+    upgrade = re.match(r"Upgrade sglang to (\S+) or later", remediation["advice"]).group(1)
+    assert TRUTH["releases"]["0.5.13"]["NPD005"]["verdict"] == "present"
+    assert history.version_key(upgrade) > history.version_key("0.5.14")
+    witness = DATA["witnesses"]["deepseek-v3-pd"]["results"]
+    later = [r for r in DATA["releases"] if history.version_key(r) >= history.version_key(upgrade)]
+    assert all(witness[c][r] in ("pass", "skip") for c in witness for r in later)
     assert "npudoctor fix --apply --select NPD001" in remediation["advice"]
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.12"])
+@pytest.mark.parametrize("example", ["deepseek-v3-pd.yaml", "qwen3-moe-pd.yaml", "llama3-70b-pp3-pd.yaml"])
+def test_no_finding_recommends_a_release_another_finding_is_in(cli, release, example, version):
+    """Every finding of one report names the same upgrade, if any, and the history has no check of
+    the deployment failing from there on (on any witness of its kind)."""
+    code, out, err = cli("check", "-f", "json", "--sglang-path", release(version),
+                         "--config", EXAMPLES / example)  # fmt: skip
+    assert code in (0, 1), err
+    report = json.loads(out)
+    named = {
+        m.group(1)
+        for r in report["results"]
+        if r["remediation"]
+        and (m := re.match(r"Upgrade sglang to (\S+) or later", r["remediation"]["advice"]))
+    }
+    assert len(named) <= 1, named
+    facts = from_yaml(EXAMPLES / example).facts
+    in_scope = [r["id"] for r in report["results"] if r["status"] != "skip"]
+    for upgrade in named:
+        for check_id in in_scope:
+            for table in history.deployment_tables(check_id, facts):
+                assert all(
+                    status in ("pass", "skip")
+                    for r, status in table.items()
+                    if history.version_key(r) >= history.version_key(upgrade)
+                ), (check_id, upgrade, table)
+
+
+def test_list_explain_and_check_say_the_same_for_every_check(cli):
+    """``list``, ``explain`` and a ``check`` with no deployment (every witness speaks) read one
+    history: a check listed "fixed in X" is fixed in X in the report's remediation, one "not fixed
+    as of Y" is unfixed as of Y there (NPD003 was "fixed in 0.5.12" in ``list`` while its
+    findings on MHA models said no release fixes it)."""
+    from npudoctor.engine.check import all_checks
+
+    code, listed, _ = cli("list")
+    assert code == 0
+    listed = " ".join(listed.split())
+    for check in all_checks():
+        if not check.upstream_history:
+            continue
+        found = history.upstream(check.id, NO_DEPLOYMENT, None)
+        said = (
+            f"fixed in {found.fixed_in}" if found.fixed_in
+            else f"not fixed as of {found.newest_checked}" if found.newest_checked else "-"
+        )  # fmt: skip
+        assert f"{check.id} {said}" in listed
+        _, explained, _ = cli("explain", check.id)
+        assert said in " ".join(explained.split())
+        remedy = check.remediation(found)
+        assert remedy.fixed_in == found.fixed_in
+        if found.fixed_in is None and found.newest_checked:
+            assert remedy.unfixed_as_of == found.newest_checked
+
+
+def test_the_history_has_a_witness_for_every_family_a_check_names():
+    """NPD003's MHA splitter is wrong on uneven PP splits through the newest release: the history
+    must have a witness that says so, or ``list`` calls NPD003 fixed (its MLA witness passes)."""
+    assert "llama3-70b-pp3-pd" in DATA["witnesses"]
+    statuses = DATA["witnesses"]["llama3-70b-pp3-pd"]["results"]["NPD003"]
+    assert statuses[DATA["releases"][-1]] == "fail"
+    assert history.upstream("NPD003", NO_DEPLOYMENT, None).fixed_in is None
 
 
 def test_no_witness_of_the_deployments_kind_gives_no_upgrade_advice(tmp_path):
