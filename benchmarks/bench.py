@@ -127,6 +127,9 @@ def main() -> int:
           f"{cost.peak_rss_mb - cost.import_rss_mb:.0f} MB for the probes")  # fmt: skip
     print(f"    {live_check.breakdown(cost)}")
     print("  " + target("live check / bare import", cost.wall / bare_wall, 1.2))
+    kept, uncached = live_check.readme_flow(tree, REPO / "examples" / "deepseek-v3-pd.yaml")
+    print(f"  README flow (check, fix, fix --status, check): {kept:.2f} s with the live outcome kept, "
+          f"{uncached:.2f} s without the result cache (ratio {kept / uncached:.2f})")  # fmt: skip
     serial, parallel = (
         static_check.wall(
             advise_command("--depth", "live", "--releases", "0.5.12,0.5.13", "--jobs", jobs),
