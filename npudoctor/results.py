@@ -107,6 +107,8 @@ class Report:
     tool_version: str = ""
     live: dict[str, Any] | None = None  # what the live child cost, or why it could not run
     depth: str = "auto"  # the depth asked for (static, live or auto)
+    # the fixes `fix --apply` recorded beside the target, as the verdicts took them (None: none recorded)
+    recorded_fixes: dict[str, Any] | None = None
 
     def findings(self) -> list[Result]:
         """Results at or above ``fail_on`` that no ignore entry covers."""
@@ -121,6 +123,7 @@ class Report:
             "fail_on": self.fail_on.value,
             "depth": self.depth,
             "live": self.live,
+            "recorded_fixes": self.recorded_fixes,
             "results": [r.to_dict() for r in self.results],
             "summary": self.counts(),
         }

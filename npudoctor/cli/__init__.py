@@ -8,8 +8,11 @@ they write. A command module imports what its work needs inside the command, so 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -19,18 +22,29 @@ from npudoctor.cli.app import app
 from npudoctor.errors import ExitCode, NpudoctorError
 
 
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) while a command works. Not ``KeyboardInterrupt``, which typer turns into a
+    silent exit 130 on its own; a ``BaseException``, so no ``except Exception`` on the way (a check
+    that broke becomes an ``error`` result) takes it for a failure."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: map errors to the documented exit codes, one line each, never a traceback."""
+    """Entry point: map errors to the documented exit codes, one line each, never a traceback;
+    Ctrl-C is one line and 130 (128 + SIGINT), as a shell reports a command SIGINT stopped."""
     output.tolerant_streams()
-    code = _main(argv)
-    try:  # a reader gone while the last lines sat in the buffer: 141 here too
-        if sys.stdout is not None and not sys.stdout.closed:
-            sys.stdout.flush()
-    except BrokenPipeError:
-        return output.stdout_gone()
-    except (OSError, ValueError):
-        pass
-    return code
+    with _ctrl_c():
+        try:
+            code = _main(argv)
+            try:  # a reader gone while the last lines sat in the buffer: 141 here too
+                if sys.stdout is not None and not sys.stdout.closed:
+                    sys.stdout.flush()
+            except BrokenPipeError:
+                return output.stdout_gone()
+            except (OSError, ValueError):
+                pass
+            return code
+        except (Interrupted, KeyboardInterrupt):
+            return _interrupted()
 
 
 def _main(argv: list[str] | None) -> int:
@@ -41,9 +55,8 @@ def _main(argv: list[str] | None) -> int:
     except NpudoctorError as error:
         output.say(f"error: {error}")
         return int(error.exit_code)
-    except KeyboardInterrupt:
-        output.say("interrupted")
-        return 130
+    except (Interrupted, KeyboardInterrupt):
+        return _interrupted()
     except (output.ReaderGone, BrokenPipeError):
         return output.stdout_gone()
     except Exception as error:
@@ -64,3 +77,47 @@ def _is_usage_error(error: Exception) -> bool:
         callable(getattr(error, "format_message", None))
         and getattr(error, "exit_code", None) == ExitCode.USAGE
     )
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[None]:
+    """While a command runs, Ctrl-C raises ``Interrupted`` (once: a second one ends the process at
+    once, 130). Worker processes a command starts are spared it (``service.advise``): the command
+    stops them. A SIGINT the shell has this process ignore (a background job) stays ignored."""
+    global _said_interrupted
+    _said_interrupted = False
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is signal.SIG_IGN:
+            yield
+            return
+        signal.signal(signal.SIGINT, _first_ctrl_c)
+    except ValueError:  # not the main thread (an embedder's): no handler of ours
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+_said_interrupted = False
+
+
+def _first_ctrl_c(_signum, _frame) -> None:
+    signal.signal(signal.SIGINT, _second_ctrl_c)  # the way out stays clean of another Ctrl-C
+    raise Interrupted
+
+
+def _second_ctrl_c(_signum, _frame) -> None:
+    if not _said_interrupted:
+        output.say("interrupted")
+    os._exit(130)
+
+
+def _interrupted() -> int:
+    global _said_interrupted
+    if not _said_interrupted:
+        output.say("interrupted")
+        _said_interrupted = True
+    return output.EXIT_INTERRUPTED

@@ -18,6 +18,7 @@ from npudoctor.cli.options import (
     FailOn,
     FailOnOption,
     IgnoreOption,
+    NoRecordedFixesOption,
     OutputOption,
     QuietOption,
     SelectOption,
@@ -32,7 +33,7 @@ EPILOG = (
     "row saying why.\n\n" + DEPLOYMENT_HELP + "\n\n"
     "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
     "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
-    "checked (or no sglang to start from)."
+    "checked (or no sglang to start from); 130 interrupted (Ctrl-C)."
 )
 
 
@@ -84,6 +85,7 @@ def advise(
     output_path: OutputOption = None,
     fail_on: FailOnOption = FailOn.fail,
     ignore: IgnoreOption = None,
+    no_recorded_fixes: NoRecordedFixesOption = False,
     quiet: QuietOption = False,
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
@@ -93,7 +95,9 @@ def advise(
 
     output.require_destination(output_path, github=output_format is AdviseFormat.github)
     request = AdviseRequest(
-        check=deployment.check_request(depth, select=select, fail_on=fail_on, ignore=ignore),
+        check=deployment.check_request(
+            depth, select=select, fail_on=fail_on, ignore=ignore, recorded_fixes=not no_recorded_fixes
+        ),
         releases=releases,
         wheel_dir=wheel_dir,
         sglang_paths=list(sglang_path or []),

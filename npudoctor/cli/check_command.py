@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,7 @@ from npudoctor.cli.options import (
     FailOn,
     FailOnOption,
     IgnoreOption,
+    NoRecordedFixesOption,
     OutputOption,
     QuietOption,
     SelectOption,
@@ -24,6 +25,9 @@ from npudoctor.cli.options import (
     ids,
 )
 from npudoctor.errors import ExitCode
+
+if TYPE_CHECKING:
+    from npudoctor.service.planning import UserOptions
 
 EPILOG = DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP
 
@@ -58,12 +62,14 @@ def check(
             "(repeatable): shows whether the fix cures the deployment.",
         ),
     ] = None,
+    no_recorded_fixes: NoRecordedFixesOption = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Text: every check's details, not only the findings'.")
     ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.service.planning import UserOptions
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import run as run_checks
 
@@ -75,23 +81,30 @@ def check(
         ignore=ignore,
         sglang_path=sglang_path,
         with_fixes=ids(with_fix),
+        recorded_fixes=not no_recorded_fixes,
     )
     report = run_checks(request, progress=Progress.for_stderr(quiet))
     format_name = output_format.value if output_format else "text"
-    _emit(report, format_name, output_path, verbose, request.repeated_args())
+    _emit(report, format_name, output_path, verbose, UserOptions.of(request))
     raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
 
 
-def _emit(report, format_name: str, output_path: Path | None, verbose: bool, fix_args: list[str]) -> None:
+# the formats that name commands: their fix hints repeat the user's options
+_HINTED = ("junit", "github", "markdown")
+
+
+def _emit(report, format_name: str, output_path: Path | None, verbose: bool, user: UserOptions) -> None:
     from npudoctor.formatters import renderer
 
     if format_name == "text":
         from npudoctor.formatters import text
 
         if output_path is None:
-            text.print_report(output.console(), report, verbose=verbose, fix_args=fix_args)
+            text.print_report(output.console(), report, verbose=verbose, user=user)
         else:
-            output.write(text.render(report, verbose=verbose, fix_args=fix_args), output_path)
+            output.write(text.render(report, verbose=verbose, user=user), output_path)
+    elif format_name in _HINTED:
+        output.write(renderer(format_name)(report, user=user), output_path)
     else:
         output.write(renderer(format_name)(report), output_path)
     if format_name == "github":

@@ -93,6 +93,7 @@ class DeploymentOptions:
         ignore: list[str] | None = None,
         sglang_path: Path | None = None,
         with_fixes: list[str] | None = None,
+        recorded_fixes: bool = True,
     ) -> CheckRequest:
         """The ``CheckRequest`` of this deployment and the command's own options."""
         from npudoctor.service.runner import CheckRequest
@@ -123,6 +124,7 @@ class DeploymentOptions:
             today=dt.date.today(),
             with_fixes=list(with_fixes or []),
             isolated=self.isolated,
+            recorded_fixes=recorded_fixes,
         )
 
 

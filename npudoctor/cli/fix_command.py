@@ -4,7 +4,6 @@ does the work; this module reads the options and prints)."""
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -35,9 +34,10 @@ EPILOG = (
     "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
     + DEPLOYMENT_HELP
     + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
-    "the record no longer fits this sglang or deployment (the next command is printed); 2 usage or "
-    "input error (unknown fix id, unwritable --site, damaged record); 3 internal error; 4 no sglang "
-    "found, or it has no Ascend NPU backend."
+    "the record no longer fits this sglang or deployment, or nothing is recorded and a fix is needed "
+    "(the next command is printed); 2 usage or input error (unknown fix id, unwritable --site, "
+    "damaged record); 3 internal error; 4 no sglang found, or it has no Ascend NPU backend; 130 "
+    "interrupted (Ctrl-C)."
 )
 
 
@@ -86,31 +86,38 @@ def fix(
         return
     setting = operations.fix_setting(request, site, writing=apply)
     document = operations.recorded(setting) if status else None
-    if status and document is None:  # nothing to compare: no plan to make
-        where = operations.record_dir(setting)
-        _report(as_json, {"recorded": None, "fits": True}, f"no fix is recorded in {where}")
-        return
     planned = operations.plan_fixes(request, setting.target, setting.facts, unsafe, quiet)
     if status:
-        _show_status(operations.status(setting, document, planned), setting.target, as_json)
+        _show_status(operations.status(setting, document, planned, unsafe), setting, unsafe, as_json)
     elif apply:
-        _show_applied(operations.apply(setting, planned), planned, setting.target, as_json)
+        _show_applied(operations.apply(setting, planned), planned, setting, unsafe, as_json)
     else:
-        _show_plan(planned, as_json, verbose, operations.plan_hint_args(request, unsafe))
+        _show_plan(planned, as_json, verbose, operations.apply_hint(setting, unsafe))
 
 
-def _show_status(found, target, as_json: bool) -> None:
+def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
     """``fix --status``: what the record holds, whether it still fits; exit 1 with the next command
-    when it no longer does."""
+    when it no longer does. Nothing recorded: what ``--apply`` would record, exit 1 when that is a fix."""
+    target = setting.target
     if as_json:
         _report(True, found.to_json(), "")
+    elif found.document is None:
+        console = output.console()
+        console.print(f"no fix is recorded in {escape(str(found.record.parent))}", soft_wrap=True)
+        for row in found.rows:
+            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        if found.fits:
+            console.print("no fix is needed for this sglang and deployment: --apply would record none")
+        else:
+            console.print(f"--apply would record {', '.join(found.needed)}; next:")
+            console.print(f"  {escape(found.next_command)}", soft_wrap=True)
     else:
         console = output.console()
         console.print(f"recorded in {escape(str(found.record))}", soft_wrap=True)
         if found.recorded_for != target.version:
             recorded_for, version = escape(str(found.recorded_for)), escape(str(target.version))
             console.print(f"recorded for sglang {recorded_for}; this is sglang {version}")
-        _print_plugin_note(console, target)
+        _print_plugin_note(console, setting, unsafe)
         for row in found.rows:
             console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
         if found.fits:
@@ -122,8 +129,8 @@ def _show_status(found, target, as_json: bool) -> None:
         raise typer.Exit(ExitCode.FINDINGS)
 
 
-def _show_plan(planned, as_json: bool, verbose: bool, fix_args: list[str]) -> None:
-    """``fix``: the plan, nothing changed; ``fix_args`` (the user's options) repeated in the hint."""
+def _show_plan(planned, as_json: bool, verbose: bool, apply_command: str) -> None:
+    """``fix``: the plan, nothing changed, and the ``--apply`` that records it (the user's options)."""
     from npudoctor.formatters import fixplan
     from npudoctor.service.planning import plan_json
 
@@ -131,10 +138,10 @@ def _show_plan(planned, as_json: bool, verbose: bool, fix_args: list[str]) -> No
         _report(True, {"plan": plan_json(planned)}, "")
         return
     fixplan.print_plan(console := output.console(), planned, verbose)
-    fixplan.print_apply_hint(console, planned, fix_args)
+    fixplan.print_apply_hint(console, planned, apply_command)
 
 
-def _show_applied(applied, planned, target, as_json: bool) -> None:
+def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> None:
     """``fix --apply``: what was recorded, and how to check and undo it."""
     from npudoctor.formatters import fixplan
     from npudoctor.service.planning import plan_json
@@ -150,16 +157,18 @@ def _show_applied(applied, planned, target, as_json: bool) -> None:
     console = output.console()
     fixplan.print_plan(console, planned, False)
     console.print(f"recorded {', '.join(applied.fixes)} in {escape(str(applied.record))}", soft_wrap=True)
-    _print_plugin_note(console, target)
-    console.print(f"check it: {escape(shlex.join(applied.status_command))}", soft_wrap=True)
-    console.print(f"undo it:  {escape(shlex.join(applied.undo_command))}", soft_wrap=True)
+    _print_plugin_note(console, setting, unsafe)
+    console.print(f"check it: {escape(applied.status_command)}", soft_wrap=True)
+    console.print(f"undo it:  {escape(applied.undo_command)}", soft_wrap=True)
 
 
-def _print_plugin_note(console: Console, target) -> None:
+def _print_plugin_note(console: Console, setting, unsafe: bool) -> None:
     from npudoctor.service.operations import plugin_note
 
-    note = plugin_note(target)
-    console.print(f"[bold]note[/]: {note.text}" if note.warning else note.text)
+    note = plugin_note(setting, unsafe)
+    console.print(f"[bold]note[/]: {escape(note.text)}" if note.warning else escape(note.text))
+    if note.command is not None:  # one line to copy, never wrapped
+        console.print(f"  {escape(note.command)}", soft_wrap=True)
 
 
 def _report(as_json: bool, data: dict, text: str) -> None:

@@ -14,7 +14,8 @@ Exit codes (stable, never renumbered):
 1 findings;
 2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
 3 internal error;
-4 nothing to check (no sglang found).
+4 nothing to check (no sglang found);
+130 interrupted (Ctrl-C: one line on stderr, no report).
 """
 
 DEPLOYMENT_HELP = (
@@ -85,6 +86,15 @@ IgnoreOption = Annotated[
     ),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
+NoRecordedFixesOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-recorded-fixes",
+        help="Judge the installed code alone. By default the fixes `npudoctor fix --apply` recorded "
+        "beside this sglang, whose code they still fit, are applied in the live probes, as sglang's own "
+        "processes apply them (the report says so).",
+    ),
+]
 
 
 def ids(values: list[str] | None) -> list[str]:

@@ -19,6 +19,7 @@ from rich.console import Console
 from npudoctor.errors import InputError
 
 EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command SIGINT stopped
 
 
 class ReaderGone(Exception):

@@ -19,8 +19,9 @@ EPILOG = (
     "the launch command's, unless --config or --model-path describes it; the shell's ASCEND_*, "
     "SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read (what the deployment sets "
     "wins; --isolated reads none). A command that is not an sglang launch npudoctor can read gets the "
-    "fixes for the worst case. Exit code: the command's; 126/127 when it cannot run or is not found; "
-    "2 for bad npudoctor options. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
+    "fixes for the worst case. Exit code: the command's (128 + N when signal N ended it: 130 for "
+    "Ctrl-C); 126/127 when it cannot run or is not found; 2 for bad npudoctor options; 130 when "
+    "interrupted before the command starts. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
 )
 
 

@@ -10,9 +10,9 @@ in ``$GITHUB_STEP_SUMMARY`` when set).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import shlex
 import xml.etree.ElementTree as ET
 
 from rich import box
@@ -25,6 +25,7 @@ from npudoctor.formatters import github, junit, markdown, sarif
 from npudoctor.formatters.text import STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
+from npudoctor.service.planning import UserOptions, hint
 
 FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
 _SHORT = {
@@ -117,14 +118,10 @@ def recommendation_lines(advice: Advice) -> list[str]:
         uncured = [f for f in rec.baseline_findings if f not in applies]
         if applies:
             unsafe = any(c.safety == "unsafe" for c in rec.cures if c.action == "apply")
-            where = (
-                "" if base is None or base.subject.installed else f" (on the host that runs {rec.baseline})"
-            )
-            lines.append(
-                f"until you move{where}: npudoctor fix --apply --select {','.join(applies)}"
-                + (" --unsafe" if unsafe else "")
-                + "".join(f" {shlex.quote(arg)}" for arg in advice.fix_args)
-            )
+            here = base is None or base.subject.installed or base.subject.tree is not None  # named by path
+            where = "" if here else f" (on the host that runs {rec.baseline})"
+            own = ["--apply", "--select", ",".join(applies), *(["--unsafe"] if unsafe else [])]
+            lines.append(f"until you move{where}: {hint('fix', *own, user=baseline_options(advice))}")
         if uncured:
             lines.append(f"no runtime fix applies to {', '.join(uncured)} on {rec.baseline}")
     else:
@@ -138,6 +135,19 @@ def recommendation_lines(advice: Advice) -> list[str]:
             f"regression: {regression.check_id} is a finding in {regression.release}, not in {regression.clean_in}"
         )
     return lines
+
+
+def baseline_options(advice: Advice) -> UserOptions:
+    return row_options(advice, advice.baseline_row)
+
+
+def row_options(advice: Advice, row: Row | None) -> UserOptions:
+    """The user's options for a command about ``row``'s release: a tree of their own
+    (``--sglang-path``) is named; the installed sglang and a fetched release (on the host that runs
+    it) are not."""
+    if row is None or row.subject.tree is None:
+        return advice.user
+    return dataclasses.replace(advice.user, target=("--sglang-path", str(row.subject.tree)))
 
 
 # ----- markdown -------------------------------------------------------------------------
@@ -175,7 +185,7 @@ def render_junit(advice: Advice) -> str:
         else:
             tally = junit.counts(row.report.results)
             for result in row.report.results:
-                junit.testcase(suite, result)
+                junit.testcase(suite, result, row_options(advice, row))
         suite.attrib.update({k: str(v) for k, v in tally.items()})
         for key in totals:
             totals[key] += tally[key]
@@ -200,8 +210,8 @@ def render_github(advice: Advice) -> str:
     base = advice.baseline_row
     lines = []
     if base is not None and base.report is not None:
-        lines.append(github.render(base.report).rstrip("\n"))
-    summary = "; ".join(line.strip() for line in recommendation_lines(advice))
+        lines.append(github.render(base.report, baseline_options(advice)).rstrip("\n"))
+    summary = "\n".join(line.strip() for line in recommendation_lines(advice))  # a command ends its line
     lines.append(f"::notice title=npudoctor advise::{github.escape_data(summary)}")
     return "\n".join(lines) + "\n"
 

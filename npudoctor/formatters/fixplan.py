@@ -74,18 +74,16 @@ def _details(p, verbose: bool) -> list[RenderableType]:
     return parts
 
 
-def print_apply_hint(console: Console, planned: Sequence, fix_args: Sequence[str] | None = None) -> None:
-    """After a plan that changed nothing: the ``npudoctor fix --apply`` command with the user's own
-    options (one line, never wrapped), or that nothing would be applied."""
-    import shlex
-
+def print_apply_hint(console: Console, planned: Sequence, apply_command: str) -> None:
+    """After a plan that changed nothing: ``apply_command``, the ``npudoctor fix --apply`` with the
+    user's own options (``npudoctor.service.planning.hint``; one line, never wrapped), or that
+    nothing would be applied."""
     if not any(p.decision.action.value == "apply" for p in planned):
         print_whole(
             console,
-            Para("nothing changed; no fix is marked apply, so `npudoctor fix --apply` would record none"),
+            Para("nothing changed; no fix is marked apply, so --apply would record none"),
         )
         return
-    command = shlex.join(["npudoctor", "fix", "--apply", *(fix_args or [])])
     print_whole(
-        console, Para("nothing changed; this records the fixes marked apply:"), Whole(command, indent=2)
+        console, Para("nothing changed; this records the fixes marked apply:"), Whole(apply_command, indent=2)
     )

@@ -20,6 +20,7 @@ import re
 
 from npudoctor.formatters import markdown
 from npudoctor.results import Report, Result, Status
+from npudoctor.service.planning import UserOptions, hint
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
 # Controls other than CR/LF (which are escaped) only garble the log; they are dropped.
@@ -34,9 +35,11 @@ def escape_property(value: object) -> str:
     return escape_data(value).replace(":", "%3A").replace(",", "%2C")
 
 
-def render(report: Report) -> str:
+def render(report: Report, user: UserOptions | None = None) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+    user = user if user is not None else UserOptions.of_report(report)
     prefix = _workspace_prefix(report.target.path)
-    lines = [_annotation(r, prefix) for r in report.results if r.status in _COMMAND]
+    lines = [_annotation(r, user, prefix) for r in report.results if r.status in _COMMAND]
     lines.append(_summary(report))
     return "\n".join(lines) + "\n"
 
@@ -54,7 +57,7 @@ def _workspace_prefix(package_dir: str) -> str:
     return "" if relative.startswith(os.pardir) else relative.replace(os.sep, "/") + "/"
 
 
-def _annotation(result: Result, prefix: str = "") -> str:
+def _annotation(result: Result, user: UserOptions, prefix: str = "") -> str:
     command = "notice" if result.ignored is not None else _COMMAND[result.status]
     properties = []
     first = result.evidence[0].location if result.evidence else None
@@ -63,10 +66,10 @@ def _annotation(result: Result, prefix: str = "") -> str:
         if first.line >= 1:
             properties.append(f"line={first.line}")
     properties.append(f"title={escape_property(f'{result.id} {result.title}')}")
-    return f"::{command} {','.join(properties)}::{escape_data(_message(result))}"
+    return f"::{command} {','.join(properties)}::{escape_data(_message(result, user))}"
 
 
-def _message(result: Result) -> str:
+def _message(result: Result, user: UserOptions) -> str:
     lines = []
     if result.ignored is not None:
         lines.append(f"ignored ({result.status.value}): {result.ignored}")
@@ -78,7 +81,7 @@ def _message(result: Result) -> str:
         lines.append(f"expected: {evidence.expected}; observed: {evidence.observed}{where}")
     fix = result.remediation
     if fix is not None and fix.fix_id:
-        lines.append(f"fix: npudoctor fix --select {fix.fix_id}")
+        lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
     return "\n".join(lines)
 
 

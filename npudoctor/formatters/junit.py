@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from npudoctor.results import Report, Result, Status
+from npudoctor.service.planning import UserOptions, hint
 
 # Everything outside the XML 1.0 ``Char`` production.
 _ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -24,7 +25,9 @@ def clean(text: object) -> str:
     return _ILLEGAL_XML.sub("", str(text))
 
 
-def render(report: Report) -> str:
+def render(report: Report, user: UserOptions | None = None) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+    user = user if user is not None else UserOptions.of_report(report)
     results = report.results
     tally = counts(results)
     root = ET.Element(
@@ -42,7 +45,7 @@ def render(report: Report) -> str:
         ET.SubElement(properties, "property", {"name": name, "value": clean(value)})
 
     for result in results:
-        testcase(suite, result)
+        testcase(suite, result, user)
 
     return document(root)
 
@@ -64,13 +67,13 @@ def document(root: ET.Element) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def testcase(suite: ET.Element, result: Result) -> None:
+def testcase(suite: ET.Element, result: Result, user: UserOptions | None = None) -> None:
     case = ET.SubElement(
         suite,
         "testcase",
         {"classname": clean(f"npudoctor.{result.id}"), "name": clean(f"{result.id} {result.title}")},
     )
-    details = clean(_details(result))
+    details = clean(_details(result, user or UserOptions()))
     if result.ignored is not None:
         child = ET.SubElement(case, "skipped", {"message": clean(f"ignored: {result.ignored}")})
         child.text = details
@@ -88,7 +91,7 @@ def testcase(suite: ET.Element, result: Result) -> None:
         out.text = details
 
 
-def _details(result: Result) -> str:
+def _details(result: Result, user: UserOptions) -> str:
     lines = [f"{result.status.value.upper()}: {result.summary}"]
     if result.ignored is not None:
         lines.append(f"ignored: {result.ignored}")
@@ -103,7 +106,7 @@ def _details(result: Result) -> str:
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            lines.append(f"fix: npudoctor fix --select {fix.fix_id}")
+            lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
         if fix.fixed_in:
             lines.append(f"fixed upstream in sglang {fix.fixed_in}")
         elif fix.unfixed_as_of:

@@ -101,7 +101,10 @@ def explain_renderable(item, full: bool = False) -> RenderableType:
 def print_explain(console: Console, item, full: bool = False) -> None:
     console.print(explain_renderable(item, full))
     if not full:
-        console.print(Text(f"\nnpudoctor explain {item.id} --full: also what the check tests", style="dim"))
+        from npudoctor.service.planning import hint
+
+        command = hint("explain", item.id, "--full")
+        console.print(Text(f"\nalso what the check tests: {command}", style="dim"), soft_wrap=True)
 
 
 _CODE = re.compile(r"``(.+?)``", re.DOTALL)

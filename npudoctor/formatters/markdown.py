@@ -11,18 +11,21 @@ from __future__ import annotations
 import re
 
 from npudoctor.results import Report, Result, Status
+from npudoctor.service.planning import UserOptions, hint
 
 # C0/C1 controls other than tab and newlines carry nothing in Markdown and confuse renderers.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-def render(report: Report) -> str:
+def render(report: Report, user: UserOptions | None = None) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+    user = user if user is not None else UserOptions.of_report(report)
     parts = [_heading(report), "", _summary_line(report), "", *_table_lines(report)]
     details = [r for r in report.results if r.status is not Status.PASS or r.ignored is not None]
     if details:
         parts += ["", "### Details"]
         for result in details:
-            parts += ["", *_details(result)]
+            parts += ["", *_details(result, user)]
     return "\n".join(parts) + "\n"
 
 
@@ -89,7 +92,7 @@ def _code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _details(result: Result) -> list[str]:
+def _details(result: Result, user: UserOptions) -> list[str]:
     lines = [f"#### {_text(result.id)} {_text(result.title)}: {_status(result)}", "", _inline(result.summary)]
     bullets: list[str] = []
     if result.ignored is not None:
@@ -111,7 +114,9 @@ def _details(result: Result) -> list[str]:
     if fix is not None and (fix.fix_id or fix.fixed_in or fix.advice):
         remedy = []
         if fix.fix_id:
-            remedy.append(f"fix {_code(fix.fix_id)}: run {_code(f'npudoctor fix --select {fix.fix_id}')}")
+            remedy.append(
+                f"fix {_code(fix.fix_id)}: run {_code(hint('fix', '--select', fix.fix_id, user=user))}"
+            )
         if fix.fixed_in:
             remedy.append(f"fixed upstream in sglang {_text(fix.fixed_in)}")
         elif fix.unfixed_as_of:

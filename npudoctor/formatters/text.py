@@ -15,14 +15,13 @@ or the ``npudoctor fix`` command stays whole, on a line of its own when it must.
 from __future__ import annotations
 
 import io
-import shlex
-from collections.abc import Sequence
 
 from rich.console import Console, RenderableType
 from rich.text import Text
 
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import Evidence, Report, Result, Status
+from npudoctor.service.planning import UserOptions, hint
 
 STYLE = {
     Status.PASS: "green",
@@ -36,36 +35,34 @@ WIDTH = 80  # of ``render``: the default width of a pipe or a CI log
 INDENT = 2
 
 
-def render(
-    report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None, width: int = WIDTH
-) -> str:
+def render(report: Report, verbose: bool = False, user: UserOptions | None = None, width: int = WIDTH) -> str:
     """Plain text (no colour) for files and pipes."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
-    print_whole(console, _parts(report, verbose, fix_args))
+    print_whole(console, _parts(report, verbose, user))
     return buffer.getvalue()
 
 
-def renderable(
-    report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None
-) -> RenderableType:
-    """The report for ``console.print``. ``fix_args``: the user's own target and deployment options
-    (``["--config", "deploy.yaml"]``, ``["--", "python", "-m", "sglang.launch_server", ...]``),
-    repeated in each ``npudoctor fix --select ID ...`` hint; None: the ``--sglang-path`` and
-    ``--config`` the report itself names. Lines longer than the width (a long path, the fix
-    command) are printed whole, not cropped (``layout.Uncropped``)."""
-    return Uncropped(_parts(report, verbose, fix_args))
+def renderable(report: Report, verbose: bool = False, user: UserOptions | None = None) -> RenderableType:
+    """The report for ``console.print``. ``user``: the user's own target and deployment options
+    (``npudoctor.service.planning.UserOptions``), repeated in each ``npudoctor fix --select ID ...``
+    hint; None: the ``--sglang-path`` and ``--config`` the report itself names. Lines longer than
+    the width (a long path, the fix command) are printed whole, not cropped (``layout.Uncropped``)."""
+    return Uncropped(_parts(report, verbose, user))
 
 
 def print_report(
-    console: Console, report: Report, verbose: bool = False, fix_args: Sequence[str] | None = None
+    console: Console, report: Report, verbose: bool = False, user: UserOptions | None = None
 ) -> None:
-    print_whole(console, _parts(report, verbose, fix_args))
+    print_whole(console, _parts(report, verbose, user))
 
 
-def _parts(report: Report, verbose: bool, fix_args: Sequence[str] | None) -> RenderableType:
-    args = list(fix_args) if fix_args is not None else _args_of(report)
+def _parts(report: Report, verbose: bool, user: UserOptions | None) -> RenderableType:
+    args = user if user is not None else UserOptions.of_report(report)
     parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(report)]
+    skipped = [r for r in report.results if r.status is Status.SKIP and not (verbose or _has_details(r))]
+    if skipped:  # why each does not apply, one line each (--verbose: in full, with the details)
+        parts += [Text(""), _skip_lines(skipped)]
     for result in report.results:
         if verbose or _has_details(result):
             parts.append(Text(""))
@@ -93,6 +90,8 @@ def _header(report: Report) -> list[RenderableType]:
     from_shell = report.deployment.get("env_from_shell") or []
     if from_shell:  # the deployment's environment starts from the shell's (deployment.shell_env)
         lines.append(Para(Text.assemble(("env from the shell:", "dim"), " " + ", ".join(from_shell))))
+    if report.recorded_fixes:  # `fix --apply`'s record beside the target: the verdicts say how they took it
+        lines.append(Para(report.recorded_fixes["line"], lead=Text("fix record: ", style="dim")))
     return lines
 
 
@@ -105,20 +104,6 @@ def _deployment(deployment: dict) -> str:
         "flags": "--model-path and flags",
         "none": "none (each check assumes the worst case)",
     }.get(source, source)
-
-
-def _args_of(report: Report) -> list[str]:
-    """The target and deployment options the report names, for the fix hints when the caller
-    gave none: ``--sglang-path`` for a tree given by path, ``--config`` for a YAML deployment."""
-    from pathlib import Path
-
-    args: list[str] = []
-    if report.target.source == "path":
-        args += ["--sglang-path", str(Path(report.target.path).parent)]
-    source = str(report.deployment.get("source", ""))
-    if source.startswith("yaml:"):
-        args += ["--config", source[len("yaml:") :]]
-    return args
 
 
 def _status(result: Result) -> Text:
@@ -143,12 +128,20 @@ def _has_details(result: Result) -> bool:
     )
 
 
+def _skip_lines(results: list[Result]) -> Rows:
+    """``NPD002  SKIP  not a PD disaggregated deployment``: why each check does not apply, one line
+    each: its summary's first clause (what follows ``: `` explains it), cut to the width; ``--verbose``
+    and the JSON report say it all."""
+    return Rows([([result.id, _status(result)], result.summary.split(": ", 1)[0]) for result in results],
+                max_widths=(8,))  # fmt: skip
+
+
 # The compact report's evidence per result: the first pieces are the direct ones (a live observation
 # comes first); --verbose shows them all.
 EVIDENCE_SHOWN = 2
 
 
-def _details(result: Result, fix_args: list[str], verbose: bool) -> list[RenderableType]:
+def _details(result: Result, user: UserOptions, verbose: bool) -> list[RenderableType]:
     heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
     parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
     if result.error:
@@ -170,7 +163,7 @@ def _details(result: Result, fix_args: list[str], verbose: bool) -> list[Rendera
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            command = shlex.join(["npudoctor", "fix", "--select", fix.fix_id, *fix_args])
+            command = hint("fix", "--select", fix.fix_id, user=user)
             parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
         if fix.fixed_in:
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
@@ -204,10 +197,15 @@ def _live(live: dict | None, verbose: bool) -> list[RenderableType]:
         return []
     if not live.get("ran"):
         return [Para(str(live.get("reason", "")), lead="live depth not run: ")]
+    kept = (
+        " (kept from an earlier identical run; NPUDOCTOR_NO_CACHE=1 runs it again)"
+        if live.get("from_cache")
+        else ""
+    )
     parts: list[RenderableType] = [
         Para(
             f"live depth: sglang imported in {live['import_seconds']} s, peak RSS "
-            f"{live['peak_rss_mb']:.0f} MB ({live['import_rss_mb']:.0f} MB after the import)"
+            f"{live['peak_rss_mb']:.0f} MB ({live['import_rss_mb']:.0f} MB after the import){kept}"
         )
     ]
     stood_in, not_run, fixes = live.get("stood_in") or {}, live.get("not_run") or {}, live.get("fixes") or {}

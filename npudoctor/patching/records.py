@@ -169,6 +169,26 @@ def read(site: Path | None = None, target: Target | None = None) -> dict | None:
     return document
 
 
+def read_beside(target: Target) -> tuple[Path, dict] | None:
+    """The record ``fix --apply`` wrote for ``target`` where it writes by default (``site_dir``:
+    ``$NPUDOCTOR_SITE``, else the directory sglang is imported from): its ``.dist-info`` and plan
+    document. None when nothing is recorded there, when there is no such directory (a source tree),
+    or when the record there was written for another sglang (its ``sglang.path``), which is not
+    this target's. ``InputError`` for a damaged record, as ``read``."""
+    try:
+        directory = site_dir(None, target)
+    except InputError:  # a source tree: its processes' plugin directory cannot be told
+        return None
+    document = read(directory)
+    if document is None:
+        return None
+    sglang = document.get("sglang")
+    recorded = sglang.get("path") if isinstance(sglang, dict) else None
+    if not recorded or Path(str(recorded)).resolve() != target.package_dir.resolve():
+        return None
+    return directory / DIST_INFO, document
+
+
 _FILES = ("METADATA", "entry_points.txt", PLAN_FILE, "INSTALLER", "RECORD")
 
 

@@ -20,17 +20,20 @@ static-result cache (``npudoctor.target.resultcache``) makes a second run over t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.results import Report, Status
+from npudoctor.service.planning import UserOptions
 from npudoctor.service.runner import CheckRequest, run
 from npudoctor.target import releases
 from npudoctor.target.discovery import discover
@@ -95,7 +98,7 @@ class Advice:
     depth: str
     fail_on: str
     notes: tuple[str, ...] = ()  # e.g. the release list is an older copy
-    fix_args: tuple[str, ...] = ()  # the user's deployment options, for the commands the advice names
+    user: UserOptions = UserOptions()  # the user's deployment options, for the commands the advice names
 
     @property
     def baseline_row(self) -> Row | None:
@@ -161,9 +164,15 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
             pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
         else:
             pool = ThreadPoolExecutor(max_workers=jobs)
-        with pool:
-            for future in [pool.submit(_check, *item) for item in work]:  # reported in the releases' order
+        try:
+            with _ctrl_c_spared(isinstance(pool, ProcessPoolExecutor)):  # the workers start here
+                futures = [pool.submit(_check, *item) for item in work]
+            for future in futures:  # reported in the releases' order
                 finished(future.result())
+        except BaseException:  # Ctrl-C (or a failure): no release is started any more, the workers stop
+            _stop(pool)
+            raise
+        pool.shutdown()
     check_ids = tuple(dict.fromkeys(r.id for row in rows if row.report for r in row.report.results))
     return Advice(
         rows=tuple(rows),
@@ -172,8 +181,37 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         depth=request.check.depth,
         fail_on=request.check.fail_on,
         notes=tuple(notes),
-        fix_args=tuple(request.check.repeated_args()),
+        user=UserOptions.of(request.check, default_depth="static"),
     )
+
+
+@contextlib.contextmanager
+def _ctrl_c_spared(processes: bool) -> Iterator[None]:
+    """Worker processes started in this block ignore Ctrl-C (SIGINT), which a terminal sends to every
+    process of the command: each would otherwise print a traceback. They inherit the ignored signal
+    (Python leaves SIGINT alone when it starts ignored); this process still gets it and stops them."""
+    if not processes:
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to spare
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
+    """Stop checking: releases not started are dropped; worker processes are ended (a thread's live
+    child ends on the same Ctrl-C, and the thread with it)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
 
 
 def _check(subject: Subject, check: CheckRequest, cache: Path, wheel_dir: Path | None) -> Row:

@@ -9,7 +9,6 @@ is ``npudoctor.patching.records``'. Like them, this module never imports sglang.
 from __future__ import annotations
 
 import contextlib
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,8 +32,10 @@ class FixSetting:
     facts: Facts
     site: Path | None
 
-    def site_args(self) -> list[str]:
-        return ["--site", str(self.site)] if self.site is not None else []
+    def user_options(self) -> planning.UserOptions:
+        """The user's options the hints repeat, ``--site`` included."""
+        site = ("--site", str(self.site)) if self.site is not None else ()
+        return replace(planning.UserOptions.of(self.request), site=site)
 
 
 def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:
@@ -68,10 +69,16 @@ def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool
         )
 
 
-def plan_hint_args(request: CheckRequest, unsafe: bool) -> list[str]:
-    """The user's options that the plan's ``--apply`` hint repeats, ``--select``/``--unsafe`` included."""
-    selected = ["--select", ",".join(request.select)] if request.select else []
-    return request.repeated_args() + selected + (["--unsafe"] if unsafe else [])
+def apply_hint(setting: FixSetting, unsafe: bool, fix_ids: list[str] | None = None) -> str:
+    """The ``npudoctor fix --apply`` that records the plan shown, with the user's options: ``fix_ids``
+    selected (default: the user's own ``--select``), ``--unsafe`` when given."""
+    selected = fix_ids if fix_ids is not None else setting.request.select
+    own = [
+        "--apply",
+        *(["--select", ",".join(selected)] if selected else []),
+        *(["--unsafe"] if unsafe else []),
+    ]
+    return planning.hint("fix", *own, user=setting.user_options())
 
 
 @dataclass(frozen=True)
@@ -105,34 +112,43 @@ def record_dir(setting: FixSetting) -> Path:
 
 @dataclass(frozen=True)
 class RecordStatus:
-    """``fix --status``: what the record holds against what ``fix`` decides now."""
+    """``fix --status``: what the record holds (``document``; None: nothing is recorded) against what
+    ``fix`` decides now."""
 
     record: Path  # the record's .dist-info
-    document: dict
+    document: dict | None
     rows: list[planning.SiteStatus]
-    fits: bool
+    fits: bool  # the record holds what --apply would record now (nothing recorded: no fix is needed)
     next_command: str  # what makes the record fit again
 
     @property
     def recorded_for(self):
-        return self.document.get("sglang", {}).get("version")
+        return (self.document or {}).get("sglang", {}).get("version")
+
+    @property
+    def needed(self) -> list[str]:
+        """The fixes needed now that the record lacks: what ``--apply`` would add."""
+        return [row.fix_id for row in self.rows if row.state == "not recorded"]
 
     def to_json(self) -> dict:
         data = {"recorded": self.document, "status": [r.__dict__ for r in self.rows], "fits": self.fits}
         return data if self.fits else {**data, "next": self.next_command}
 
 
-def status(setting: FixSetting, document: dict, planned: list[planning.Planned]) -> RecordStatus:
-    """Whether ``document`` still fits the installed sglang, and whether the deployment still needs
-    it and needs nothing more (the decisions ``planned`` that ``fix`` makes now); if not, the
-    ``fix --apply`` (or ``--revert``) that makes it fit, with the user's options."""
+def status(
+    setting: FixSetting, document: dict | None, planned: list[planning.Planned], unsafe: bool = False
+) -> RecordStatus:
+    """Whether ``document`` (None: nothing is recorded) still fits the installed sglang, and whether
+    the deployment still needs it and needs nothing more (the decisions ``planned`` that ``fix``
+    makes now); if not, the ``fix --apply`` (or ``--revert``) that makes it fit, with the user's
+    options. With nothing recorded it fits only when no fix is needed."""
     where = record_dir(setting)
-    rows = planning.status(document, setting.target, planned)
+    rows = planning.status(document or {"fixes": {}}, setting.target, planned)
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
-    args = setting.request.repeated_args() + setting.site_args()
-    command = "npudoctor fix " + shlex.join(
-        ["--apply", "--select", ",".join(needed), *args] if needed else ["--revert", *args]
-    )
+    if needed:
+        command = apply_hint(setting, unsafe, needed)
+    else:
+        command = planning.hint("fix", "--revert", user=setting.user_options(), deployment=False)
     fits = all(row.fits for row in rows)
     return RecordStatus(where / records.DIST_INFO, document, rows, fits, command)
 
@@ -144,8 +160,8 @@ class Applied:
 
     fixes: list[str]
     record: Path | None
-    status_command: list[str]
-    undo_command: list[str]
+    status_command: str
+    undo_command: str
 
 
 def apply(setting: FixSetting, planned: list[planning.Planned]) -> Applied:
@@ -154,13 +170,12 @@ def apply(setting: FixSetting, planned: list[planning.Planned]) -> Applied:
     document = planning.record_document(planned, setting.target)
     fixes = sorted(document["fixes"])
     path = records.write(document, setting.site, setting.target) if fixes else None
-    sglang_path = setting.request.sglang_path
-    undo = (["--sglang-path", str(sglang_path)] if sglang_path is not None else []) + setting.site_args()
+    user = setting.user_options()
     return Applied(
         fixes,
         path,
-        ["npudoctor", "fix", "--status", *setting.request.repeated_args(), *setting.site_args()],
-        ["npudoctor", "fix", "--revert", *undo],
+        planning.hint("fix", "--status", user=user),
+        planning.hint("fix", "--revert", user=user, deployment=False),
     )
 
 
@@ -168,21 +183,28 @@ def apply(setting: FixSetting, planned: list[planning.Planned]) -> Applied:
 class PluginNote:
     text: str
     warning: bool  # this sglang loads no plugins: a record alone fixes nothing
+    command: str | None = None  # then: the `npudoctor run` that starts the server with the fixes
 
 
-def plugin_note(target: Target) -> PluginNote:
+def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
     """How a record reaches sglang's processes: the plugin group ``sglang.srt.plugins`` (sglang
-    0.5.11+ loads it in every scheduler process), else only ``npudoctor run``."""
+    0.5.11+ loads it in every scheduler process), else only ``npudoctor run`` (the command, with the
+    user's options and launch command, or where theirs goes)."""
+    target = setting.target
     if planning.loads_plugins(target):
         return PluginNote(
             f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) in every "
             "scheduler process; SGLANG_PLUGINS, if set, must name it",
             warning=False,
         )
+    selected = setting.request.select
+    own = [*(["--select", ",".join(selected)] if selected else []), *(["--unsafe"] if unsafe else [])]
+    command = planning.hint("run", *own, user=setting.user_options())
     return PluginNote(
-        f"sglang {target.version} loads no plugins (the sglang.srt.plugins group "
-        "arrived in 0.5.11): start the server with `npudoctor run -- python -m sglang.launch_server ...`",
+        f"sglang {target.version} loads no plugins (the sglang.srt.plugins group arrived in 0.5.11): "
+        "start the server with npudoctor run:",
         warning=True,
+        command=command,
     )
 
 

@@ -11,13 +11,15 @@ import datetime as dt
 import enum
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.deployment.redact import redact_argv
@@ -29,6 +31,10 @@ from npudoctor.patching.planfile import BOOTSTRAP_DIR
 from npudoctor.results import Result, Status
 from npudoctor.service.evaluate import evaluate
 from npudoctor.target.discovery import Target
+
+if TYPE_CHECKING:
+    from npudoctor.results import Report
+    from npudoctor.service.runner import CheckRequest
 
 SCHEMA = 1
 
@@ -207,9 +213,7 @@ def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteS
             found.append(SiteStatus(fix_id, "unknown fix", "this npudoctor has no such fix"))
             continue
         fix, decision = decided[fix_id].fix, decided[fix_id].decision
-        recorded = entry.get("shape", {})
-        current = fix.shape_of_source(target.tree)
-        changed = sorted(site for site in recorded if current.get(site) != recorded[site])
+        changed = changed_sites(fix, entry, target)
         if changed:
             found.append(
                 SiteStatus(
@@ -230,6 +234,106 @@ def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteS
                 detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
             found.append(SiteStatus(fix_id, "in place", detail))
     return found
+
+
+def changed_sites(fix: Fix, entry: dict, target: Target) -> list[str]:
+    """The sites of a recorded fix (``entry``) whose shape the installed code no longer has: sglang's
+    processes refuse a fix with any (``npudoctor.patching.activation``)."""
+    recorded = entry.get("shape", {})
+    current = fix.shape_of_source(target.tree)
+    return sorted(site for site in recorded if current.get(site) != recorded[site])
+
+
+@dataclass(frozen=True)
+class RecordedFixes:
+    """The fixes ``fix --apply`` recorded beside a target, as the commands that judge a deployment
+    (``check``, ``advise``) take them: sglang's processes install a recorded fix whose shape the
+    installed code still has, so the deployment runs with it, and its verdict is judged with it
+    (the live probes run with the fix applied, as ``--with-fix`` does)."""
+
+    record: Path  # the record's .dist-info
+    plan: dict[str, dict[str, str]]  # {fix id: shape} the verdicts are judged with
+    verified: tuple[str, ...]  # the recorded fixes whose shape the installed code has
+    not_used: dict[str, str]  # fix id -> why the verdicts do not include it
+    damaged: str | None = None  # why the record cannot be read (then it holds no fix)
+
+    def summary(self, results: list[Result], live) -> dict:
+        """What became of each recorded fix in an evaluation (its ``results`` and ``live`` outcome), and
+        one line saying it (the report's ``recorded_fixes``)."""
+        verdicts = {r.id: r for r in results}
+        fixes: dict[str, dict] = {}
+        for fix_id in sorted({*self.verified, *self.not_used}):
+            result = verdicts.get(fix_id)
+            outcome = live.fixes.get(fix_id) if live is not None else None
+            if fix_id in self.not_used:
+                verified = "shape verified; " if fix_id in self.verified else ""
+                fixes[fix_id] = {"judged": False, "detail": verified + self.not_used[fix_id]}
+            elif result is None:
+                fixes[fix_id] = {"judged": False, "detail": "not checked (not selected)"}
+            elif result.status is Status.SKIP:
+                fixes[fix_id] = {"judged": False, "detail": f"{fix_id} does not apply: {result.summary}"}
+            elif outcome == "applied" and live is not None and fix_id in live.probes:
+                fixes[fix_id] = {"judged": True, "detail": "shape verified; the live probe ran with it"}
+            else:
+                why = outcome if outcome and outcome != "applied" else "its live probe did not run"
+                fixes[fix_id] = {"judged": False, "detail": f"shape verified; {why}"}
+        line = f"{self.damaged}; judged without it" if self.damaged else _recorded_line(fixes)
+        return {"record": str(self.record), "fixes": fixes, "line": line}
+
+
+def _recorded_line(fixes: dict[str, dict]) -> str:
+    """``judged with recorded fix NPD001 (shape verified); NPD006 not judged: ...``, the fixes not
+    judged for one reason named together."""
+    judged = [fix_id for fix_id, state in fixes.items() if state["judged"]]
+    parts = [f"judged with recorded fix {', '.join(judged)} (shape verified)"] if judged else []
+    why: dict[str, list[str]] = {}
+    for fix_id, state in fixes.items():
+        if not state["judged"]:
+            why.setdefault(state["detail"], []).append(fix_id)
+    parts += [f"{', '.join(ids)} not judged: {detail}" for detail, ids in why.items()]
+    return "; ".join(parts)
+
+
+def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixes | None:
+    """The fixes ``fix --apply`` recorded for ``target`` (``records.read_beside``) that a check at
+    ``depth`` is judged with: those whose shape the installed code still has, when this sglang loads
+    the record (0.5.11+), fixes are not turned off (``NPUDOCTOR_DISABLE_FIXES``) and the depth runs
+    fixes (not ``static``: a fix is judged by running it). ``use`` False (``--no-recorded-fixes``):
+    none, each said. None when nothing is recorded for this target."""
+    try:
+        found = records.read_beside(target)
+    except InputError as error:  # a damaged record: sglang's processes refuse it too
+        path = records.site_dir(None, target) / records.DIST_INFO
+        return RecordedFixes(path, {}, (), {}, damaged=str(error))
+    if found is None:
+        return None
+    path, document = found
+    known = {fix.id: fix for fix in all_fixes()}
+    plan, verified, not_used = {}, [], {}
+    for fix_id, entry in sorted(document["fixes"].items()):
+        if fix_id not in known:
+            not_used[fix_id] = "this npudoctor has no such fix"
+        elif changed := changed_sites(known[fix_id], entry, target):
+            not_used[fix_id] = (
+                "stale: the installed code changed since --apply (sglang's processes refuse it): "
+                + ", ".join(changed)
+            )
+        else:
+            verified.append(fix_id)
+            plan[fix_id] = entry["shape"]
+    reason = None
+    if not use:
+        reason = "--no-recorded-fixes: the installed code alone"
+    elif not loads_plugins(target):
+        reason = f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
+    elif activation.disabled():
+        reason = f"{activation.KILL_SWITCH} is set: sglang's processes apply no fix"
+    elif depth == "static":
+        reason = "--depth static runs no fix (--depth auto judges the deployment with it)"
+    if reason is not None:
+        not_used.update(dict.fromkeys(plan, reason))
+        plan = {}
+    return RecordedFixes(path, plan, tuple(verified), not_used)
 
 
 def run_command(command: list[str], document: dict) -> int:
@@ -254,7 +358,8 @@ def run_command(command: list[str], document: dict) -> int:
             raise CommandNotFound(f"run: cannot execute {shown}: {error.strerror}", 126) from None
         previous = {sig: signal.signal(sig, _forward(child)) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return child.wait()
+            code = child.wait()
+            return 128 - code if code < 0 else code  # signal N ended it: 128 + N, as a shell says
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -304,3 +409,91 @@ def _forward(child: subprocess.Popen):
             child.send_signal(signum)
 
     return handler
+
+
+# --- hints: the npudoctor commands the output names -------------------------------------------
+
+# What each command a hint may name takes besides its own options: the target (--sglang-path), the
+# deployment options (and a launch command after `--`), and --depth, with its default.
+_TAKES_TARGET = frozenset({"check", "fix", "advise"})
+_TAKES_DEPLOYMENT = frozenset({"check", "fix", "run", "advise"})
+_DEFAULT_DEPTH = {"check": "auto", "fix": "auto", "run": "auto", "advise": "static"}
+# `npudoctor run` runs the launch command: with a deployment given another way, the hint shows
+# where the user's own command goes
+LAUNCH_TEMPLATE = ("python", "-m", "sglang.launch_server", "...")
+
+
+@dataclass(frozen=True)
+class UserOptions:
+    """The user's own options that a hint repeats (``npudoctor fix --select NPD001 <these>``): the
+    target, the deployment, the depth and ``fix``'s ``--site``; the launch command goes last, after
+    ``--`` (``hint``). Secret values are redacted (``HF_TOKEN=***``, ``--api-key ***``), as
+    everywhere in a report."""
+
+    target: tuple[str, ...] = ()  # --sglang-path DIR
+    deployment: tuple[str, ...] = ()  # --config, --model-path and its flags, --isolated
+    depth: str | None = None  # the depth the user asked for; None: the default of the command they ran
+    site: tuple[str, ...] = ()  # --site DIR (fix only)
+    launch_command: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, request: CheckRequest, default_depth: str = "auto") -> UserOptions:
+        """The options of a check request (``check``, ``fix``; ``advise``, whose ``default_depth`` is
+        static): a depth other than the command's default is the user's own choice."""
+        deployment: list[str] = []
+        if request.config is not None:
+            deployment += ["--config", str(request.config)]
+        if request.model_path is not None:
+            deployment += ["--model-path", str(request.model_path)]
+            deployment += [
+                f"--{key.replace('_', '-')}={value}" for key, value in request.server_flags.items()
+            ]
+            for pair in request.env_flags:
+                deployment += ["--env", pair]
+        if request.isolated:
+            deployment.append("--isolated")
+        target = ["--sglang-path", str(request.sglang_path)] if request.sglang_path is not None else []
+        return cls(
+            target=tuple(redact_argv(target)),
+            deployment=tuple(redact_argv(deployment)),
+            depth=request.depth if request.depth != default_depth else None,
+            launch_command=tuple(redact_argv(request.launch_command)),
+        )
+
+    @classmethod
+    def of_report(cls, report: Report) -> UserOptions:
+        """What a report itself names, for a caller that has no request: ``--sglang-path`` for a
+        tree given by path, ``--config`` for a YAML deployment, the depth."""
+        target: tuple[str, ...] = ()
+        if report.target.source == "path":
+            target = ("--sglang-path", str(Path(report.target.path).parent))
+        source = str(report.deployment.get("source", ""))
+        deployment = ("--config", source[len("yaml:") :]) if source.startswith("yaml:") else ()
+        depth = report.depth if report.depth != "auto" else None
+        return cls(target=tuple(redact_argv(target)), deployment=tuple(redact_argv(deployment)), depth=depth)
+
+
+def hint(command: str, *own: str, user: UserOptions | None = None, deployment: bool = True) -> str:
+    """The one way npudoctor names one of its commands in what it prints (a finding's fix, the plan's
+    ``fix --apply``, ``--apply``'s ``--status`` and ``--revert``, ``--status``'s next step,
+    ``advise``'s recommendation, ``explain --full``), so that the line works pasted into a shell:
+    ``npudoctor COMMAND OWN...`` (the command's own options: ``--apply --select NPD001``), then the
+    user's options that COMMAND takes (``user``; ``deployment=False``: only the target and
+    ``--site``), the depth where it is not COMMAND's default, and last ``--`` and the launch
+    command: an option after ``--`` would be a word of the launch command. Every word is quoted for a
+    POSIX shell (``shlex.join``)."""
+    user = user or UserOptions()
+    words = ["npudoctor", command, *own]
+    if command in _TAKES_TARGET:
+        words += user.target
+    launch: Sequence[str] = ()
+    if deployment and command in _TAKES_DEPLOYMENT:
+        words += user.deployment
+        if user.depth is not None and user.depth != _DEFAULT_DEPTH[command]:
+            words += ["--depth", user.depth]
+        launch = user.launch_command or (LAUNCH_TEMPLATE if command == "run" else ())
+    if command == "fix":
+        words += user.site
+    if launch:
+        words += ["--", *launch]
+    return shlex.join(words)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from npudoctor import __version__
 from npudoctor.deployment import ignores, load
 from npudoctor.deployment.launch import sglang_parser
-from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
+from npudoctor.deployment.redact import redact_result, redact_value
 from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.engine.registry import select
 from npudoctor.errors import InputError
@@ -44,26 +44,8 @@ class CheckRequest:
     today: dt.date = field(default_factory=dt.date.today)
     with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
     isolated: bool = False  # the shell's environment is not read (``deployment.shell_env``)
-
-    def repeated_args(self) -> list[str]:
-        """The user's own target and deployment options, for the commands a hint names
-        (``npudoctor fix --select NPD001 <these>``): a launch command goes last, after ``--``.
-        Secret values are redacted (``HF_TOKEN=***``, ``--api-key ***``), as everywhere in a report."""
-        args: list[str] = []
-        if self.sglang_path is not None:
-            args += ["--sglang-path", str(self.sglang_path)]
-        if self.config is not None:
-            args += ["--config", str(self.config)]
-        if self.model_path is not None:
-            args += ["--model-path", str(self.model_path)]
-            args += [f"--{key.replace('_', '-')}={value}" for key, value in self.server_flags.items()]
-            for pair in self.env_flags:
-                args += ["--env", pair]
-        if self.isolated:
-            args.append("--isolated")
-        if self.launch_command:
-            args += ["--", *self.launch_command]
-        return redact_argv(args)
+    # judge with the fixes `fix --apply` recorded beside the target (False: --no-recorded-fixes)
+    recorded_fixes: bool = True
 
 
 def run(request: CheckRequest, progress: Progress | None = None) -> Report:
@@ -88,12 +70,18 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         say(f"checking sglang {target.version} ({len(checks)} check(s), depth {request.depth})")
         live_step = live_steps(say, target)
         try:
+            # sglang's processes run the fixes `fix --apply` recorded: the verdicts are judged with them
+            from npudoctor.service.planning import recorded_fixes
+
+            recorded = recorded_fixes(target, request.depth, use=request.recorded_fixes)
+            kept = recorded.plan if recorded is not None else {}
             if fixes:
                 # the fixes are decided from the verdicts on the installed code, as `npudoctor fix`
                 # decides them; then the live probes run again with the accepted ones in place
                 probed = checks + [f.check for f in fixes if f.check not in checks]
                 plain = evaluate(probed, target, facts, request.depth, on_step=live_step)
                 plan, refused = _fix_plan(fixes, target, plain.results)
+                plan = {**kept, **plan}
                 if plan:
                     say(f"live probes again, with the runtime fix(es) {', '.join(plan)}")
                     evaluation = evaluate(checks, target, facts, request.depth, fixes=plan, declined=refused,
@@ -101,7 +89,9 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
                 else:  # nothing to run with: the plain live run's probes are the answer
                     evaluation = reuse(plain, checks, target, facts, request.depth, declined=refused)
             else:
-                evaluation = evaluate(checks, target, facts, request.depth, on_step=live_step)
+                evaluation = evaluate(
+                    checks, target, facts, request.depth, fixes=kept or None, on_step=live_step
+                )
         finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
@@ -117,16 +107,22 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         tool_version=__version__,
         live=live_summary,
         depth=request.depth,
+        recorded_fixes=recorded.summary(evaluation.results, evaluation.live) if recorded else None,
     )
 
 
 def live_steps(say, target) -> Callable[[str], None]:
-    """The live child's steps (``import``, then each probe's check id) as progress text."""
+    """The live child's steps (``import``, then each probe's check id; ``kept``: the outcome is
+    the result cache's) as progress text."""
     titles = {c.id: c.title for c in all_checks()}
 
     def step(name: str) -> None:
         if name == "import":
             say(f"live probes: importing sglang {target.version} on CPU")
+        elif name == "kept":
+            say(
+                "live probes: kept from an earlier identical run (same tree, deployment, npudoctor, environment)"
+            )
         else:
             say(f"live probe {name}: {titles.get(name, '')}")
 
@@ -162,6 +158,7 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
         return {"ran": False, "reason": outcome.unavailable}
     return {
         "ran": True,
+        "from_cache": outcome.from_cache,  # kept from an earlier identical run: the seconds are that run's
         "import_seconds": round(outcome.import_seconds, 2),
         "probe_seconds": {check_id: round(t, 2) for check_id, t in outcome.probe_seconds.items()},
         "import_rss_mb": round(outcome.import_rss_mb, 1),

@@ -31,7 +31,7 @@ import yaml
 from conftest import sweep
 from support.repo import EXAMPLES, REPO
 from support.reports import result_of
-from support.truths import RELEASES, TRUTH
+from support.truths import RELEASES, TRUTH, truth_present
 
 CI = EXAMPLES / "ci"
 DEPLOYMENTS = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
@@ -615,6 +615,14 @@ def _gitlab_message(job: dict, code: int) -> str:
     return match.group(1)
 
 
+def _init_containers(deployment: dict) -> dict[str, dict]:
+    """The Deployment's initContainers by name: ``npudoctor-fix`` (records the fixes), then
+    ``npudoctor`` (the gate)."""
+    containers = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in containers] == ["npudoctor-fix", "npudoctor"]
+    return {c["name"]: c for c in containers}
+
+
 def _k8s() -> tuple[dict, dict]:
     documents = list(yaml.safe_load_all((CI / "kubernetes.yaml").read_text()))
     kinds = {d["kind"]: d for d in documents}
@@ -628,9 +636,11 @@ def test_kubernetes_manifest_wiring():
     assert (
         deployment["spec"]["selector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
     )
-    (init,) = spec["initContainers"]
+    inits = _init_containers(deployment)
+    init = inits["npudoctor"]
     (server,) = spec["containers"]
-    assert init["image"] == server["image"], "the check must see the server image's sglang"
+    for each in inits.values():
+        assert each["image"] == server["image"], "the check must see the server image's sglang"
     argv = init["command"] + init["args"]
     assert argv[:2] == ["npudoctor", "check"]
     assert argv[argv.index("--fail-on") + 1] == "fail"
@@ -658,8 +668,7 @@ def test_kubernetes_init_container_runs(cli, subject, tmp_path, state):
     key as a file, the model volume holding DeepSeek-V3's public config.json) and the image's sglang
     given as --sglang-path: exit 1 (pod blocked) where NPD001 is present for this decode server."""
     config_map, deployment = _k8s()
-    spec = deployment["spec"]["template"]["spec"]
-    (init,) = spec["initContainers"]
+    init = _init_containers(deployment)["npudoctor"]
     mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
     local = {mounts["deployment"]: tmp_path / "configmap", mounts["models"]: tmp_path / "models"}
     local[mounts["deployment"]].mkdir()
@@ -677,6 +686,57 @@ def test_kubernetes_init_container_runs(cli, subject, tmp_path, state):
     report = json.loads(out)
     assert result_of(report, "NPD001")["status"] == ("fail" if buggy else "pass")
     assert {r["name"] for r in report["deployment"]["roles"]} == {"prefill", "decode"}
+
+
+def test_kubernetes_pod_starts_once_the_fixes_it_records_cure_the_deployment(
+    cli, release, tmp_path, monkeypatch
+):
+    """The pod's initContainers in order, each with its exact argv and environment (the pod's mounts
+    mapped to local directories, the image's sglang given as --sglang-path): npudoctor-fix records the
+    fixes this decode server needs where the server's PYTHONPATH finds them, and the gate judges the
+    deployment with them applied, so it lets sglang start where they cure every finding (0.5.12:
+    NPD001, sglang#25249, and NPD006, sglang#25383, by the truths), where the gate alone blocks it."""
+    state = "0.5.12"
+    present = [c for c in ("NPD001", "NPD006") if truth_present(state, c, "mla")]
+    assert present and not [c for c in ("NPD002", "NPD003", "NPD004", "NPD005") if truth_present(state, c)]
+    config_map, deployment = _k8s()
+    inits = _init_containers(deployment)
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for c in inits.values() for m in c["volumeMounts"]}
+    local = {mounts[name]: tmp_path / name for name in ("deployment", "models", "npudoctor-fixes")}
+    for directory in local.values():
+        directory.mkdir()
+    for key, text in config_map["data"].items():
+        (local[mounts["deployment"]] / key).write_text(_relocate(text, local))
+    model_dir = Path(_relocate(yaml.safe_load(config_map["data"]["deployment.yaml"])["model"]["path"], local))
+    model_dir.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "models" / "deepseek-v3" / "config.json", model_dir / "config.json")
+
+    reports = {}
+    for name, init in inits.items():  # in order; the live depth, as in the pod (no --depth given)
+        for variable in init.get("env", []):
+            monkeypatch.setenv(variable["name"], _relocate(variable["value"], local))
+        argv = [_relocate(a, local) for a in init["command"] + init["args"]]
+        assert argv[0] == "npudoctor" and "--depth" not in argv
+        code, out, err = cli(
+            *argv[1:], "--sglang-path", release(state), "--depth", "auto", "--format", "json"
+        )
+        assert code == 0, f"{name}: exit {code}: {err}"
+        reports[name] = json.loads(out)
+    assert sorted(reports["npudoctor-fix"]["applied"]) == present
+    gate = reports["npudoctor"]
+    judged = [fix_id for fix_id, taken in gate["recorded_fixes"]["fixes"].items() if taken["judged"]]
+    assert judged == present and all(result_of(gate, c)["status"] == "pass" for c in present)
+
+    # sglang's processes find the record on the server's PYTHONPATH: its plugin entry point
+    path = {v["name"]: v["value"] for v in server.get("env", [])}["PYTHONPATH"]
+    assert path == mounts["npudoctor-fixes"]
+    plugins = (
+        "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+    )
+    found = subprocess.run([sys.executable, "-S", "-c", plugins], capture_output=True, text=True,
+                           env={"PYTHONPATH": _relocate(path, local)}, check=True)  # fmt: skip
+    assert "npudoctor.patching.activation:sglang_plugin" in found.stdout
 
 
 def _relocate(text: str, local: dict[str, Path]) -> str:

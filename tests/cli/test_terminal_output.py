@@ -132,8 +132,49 @@ def test_clean_release_report_is_the_rows_and_a_closing_line(cli, release, monke
     assert not [line for line in lines if "fix:" in line]
     assert over_width(lines, width) == []
     assert lines[-1].endswith("no findings at or above 'fail'")
-    # only results with a note are detailed (NPD006's static note on 0.5.23): the report stays short
-    assert len(lines) <= 6 + len(rows) + 4 * len(shown(report)) + 3, "\n".join(lines)
+    # only results with a note are detailed (NPD006's static note on 0.5.23), a skip is one line: the
+    # report stays short
+    skipped = [r for r in report["results"] if r["status"] == "skip" and r["id"] not in shown(report)]
+    assert len(lines) <= 6 + len(rows) + 4 * len(shown(report)) + 3 + len(skipped) + 1, "\n".join(lines)
+
+
+# Llama-3-8B's public config.json (meta-llama/Meta-Llama-3-8B): GQA, 32 layers, 8 KV heads of 128
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_each_skip_says_why_in_one_line_without_verbose(cli, release, monkeypatch, tmp_path, width):
+    """A colocated Llama-3-8B server: the PD, PP and CP checks do not apply, and the compact report
+    says why for each, one line under the rows, instead of bare SKIPs (the reason was in JSON only)."""
+    model = tmp_path / "Meta-Llama-3-8B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA3_8B))
+    args = ("--sglang-path", release("0.5.23"), "--model-path", model, "--tp-size", "8")
+    report = json_report(cli, *args)
+    skipped = [r for r in report["results"] if r["status"] == "skip" and r["id"] not in shown(report)]
+    assert skipped, "a colocated server is out of the PD checks' scope"
+    _, lines = run_at(cli, monkeypatch, width, "check", *args)
+    for result in skipped:
+        said = [
+            line[len(f"{result['id']}  SKIP  ") :].removesuffix("...")
+            for line in lines
+            if line.startswith(f"{result['id']}  SKIP  ")
+        ]
+        reasons = [reason for reason in said if len(reason) > 8 and result["summary"].startswith(reason)]
+        assert len(reasons) == 1, (result["summary"], lines)
+    assert over_width(lines, width) == []
 
 
 def test_ignored_findings_say_so_in_the_closing_line(cli, release, monkeypatch):
@@ -169,6 +210,7 @@ def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release)
     """No empty bullet: an evidence with no location is "- expected: ..." (a real report of 0.5.12,
     its first NPD001 evidence without its location)."""
     from npudoctor.formatters import text
+    from npudoctor.service.planning import UserOptions
     from npudoctor.service.runner import CheckRequest, run
 
     report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
@@ -178,7 +220,7 @@ def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release)
     report = dataclasses.replace(
         report, results=tuple(changed if r.id == "NPD001" else r for r in report.results)
     )
-    lines = text.render(report, fix_args=["--config", "deploy.yaml"]).splitlines()
+    lines = text.render(report, user=UserOptions(deployment=("--config", "deploy.yaml"))).splitlines()
     assert_no_empty_items(lines)
     expected = " ".join(first.expected.split()[:4])
     assert [line for line in lines if line.startswith(f"  - expected: {expected}")], "\n".join(lines)

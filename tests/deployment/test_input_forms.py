@@ -24,8 +24,12 @@ from conftest import sweep
 from support.repo import EXAMPLES
 
 # the server arguments ``--model-path`` takes as flags of its own (``npudoctor check --help``)
-FLAG_FORM = {"disaggregation_mode": "--disaggregation-mode", "pp_size": "--pp-size", "tp_size": "--tp-size",
-             "page_size": "--page-size"}
+FLAG_FORM = {
+    "disaggregation_mode": "--disaggregation-mode",
+    "pp_size": "--pp-size",
+    "tp_size": "--tp-size",
+    "page_size": "--page-size",
+}
 
 
 def example_roles() -> list[tuple[str, str]]:
@@ -105,7 +109,10 @@ def test_every_form_gives_the_same_facts(example, role, tmp_path):
         if forms.flags is not None:
             model = Path(forms.flags[1])
             rest = forms.flags[2:]
-            server = {k: v for k, v in yaml.safe_load(forms.yaml_file.read_text())["roles"][role]["server_args"].items()}
+            server = {
+                k: v
+                for k, v in yaml.safe_load(forms.yaml_file.read_text())["roles"][role]["server_args"].items()
+            }
             env = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "--env"]
             from_flags = without_provenance(
                 load.described(model_path=model, server_flags=server, env_flags=env, isolated=True).facts
