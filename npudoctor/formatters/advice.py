@@ -128,8 +128,17 @@ def recommendation_lines(advice: Advice) -> list[str]:
         lines.append(f"{rec.baseline} (the baseline) has no findings for this deployment")
     if rec.earliest_clean is None:
         lines.append("no checked release is free of findings for this deployment")
+    elif rec.upgrade_to is not None:
+        lines.append(
+            f"upgrade to sglang {rec.upgrade_to} or later: from there every checked release has no findings"
+        )
+        if rec.earliest_clean not in (rec.upgrade_to, rec.baseline):
+            lines.append(f"({rec.earliest_clean} has none either, but a later release has findings again)")
     elif rec.earliest_clean != rec.baseline:
-        lines.append(f"move to sglang {rec.earliest_clean}: the earliest checked release with no findings")
+        lines.append(
+            f"move to sglang {rec.earliest_clean}: the earliest checked release with no findings "
+            "(a later one has findings again)"
+        )
     for regression in rec.regressions:
         lines.append(
             f"regression: {regression.check_id} is a finding in {regression.release}, not in {regression.clean_in}"

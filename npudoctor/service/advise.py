@@ -35,7 +35,7 @@ from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.results import Report, Status
 from npudoctor.service.planning import UserOptions
 from npudoctor.service.runner import CheckRequest, run
-from npudoctor.target import releases
+from npudoctor.target import history, releases
 from npudoctor.target.discovery import discover
 
 
@@ -85,6 +85,9 @@ class Recommendation:
     cures: tuple[Cure, ...]
     earliest_clean: str | None  # at or after the baseline
     regressions: tuple[Regression, ...]
+    # the first release after the baseline from which every later checked release has no finding:
+    # "upgrade to X or later", by the rule a finding's remediation uses (``history.holds_from``)
+    upgrade_to: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -338,8 +341,20 @@ def recommend(rows: list[Row]) -> Recommendation:
         baseline_findings=tuple(baseline.findings),
         cures=tuple(_cures(baseline)) if baseline.report is not None else (),
         earliest_clean=earliest,
+        upgrade_to=_upgrade_to(baseline, checked),
         regressions=tuple(_regressions(checked)),
     )
+
+
+def _upgrade_to(baseline: Row, checked: list[Row]) -> str | None:
+    """The release to upgrade to, by the release history's rule (``history.holds_from``) over the
+    releases this advice checked itself: ``check``'s "upgrade to X or later" and ``advise`` name a
+    release the same way. None when the baseline is clean, or no later release is clean from there on."""
+    if baseline.report is not None and not baseline.findings:
+        return None
+    after = history.version_key(baseline.subject.version) if baseline.subject.version else ()
+    clean = {row.subject.version: not row.findings for row in checked if row.subject.version}
+    return history.holds_from(clean, after)
 
 
 def _regressions(checked: list[Row]) -> list[Regression]:

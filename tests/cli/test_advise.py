@@ -215,7 +215,23 @@ def test_every_format(cli, release_cache, tmp_path, monkeypatch):
     assert "| 0.5.15 |" in summary.read_text()
     code, out, _ = cli("advise", *args, "-o", tmp_path / "advice.txt")
     text = " ".join((tmp_path / "advice.txt").read_text().split())
-    assert code == 1 and "move to sglang 0.5.15" in text and out == ""
+    assert code == 1 and "upgrade to sglang 0.5.15 or later" in text and out == ""
+
+
+def test_advise_and_check_name_the_same_upgrade(cli, release_cache, release):
+    """DeepSeek-V3 PD on 0.5.12: NPD001 and NPD006 hold from 0.5.13, NPD005 fails there and on 0.5.14
+    (truths). ``check``'s "upgrade to X or later" (from the release history) and ``advise`` (from the
+    releases it checks) name one release, by one rule, and it is not 0.5.13."""
+    versions = ["0.5.12", "0.5.13", "0.5.14", "0.5.15"]
+    release_cache(*versions)
+    _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--depth", "static", "--releases", "0.5.12..0.5.15")
+    upgrade = data["recommendation"]["upgrade_to"]
+    assert truth_present("0.5.13", "NPD005", "mla") and upgrade not in ("0.5.13", "0.5.14")
+    code, out, _ = cli("check", "-f", "json", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK)
+    advice = {r["id"]: r["remediation"]["advice"] for r in json.loads(out)["results"] if r["remediation"]}
+    assert advice and code == 1
+    for text in advice.values():
+        assert text.startswith(f"Upgrade sglang to {upgrade} or later"), text
 
 
 def test_text_fits_80_columns(cli, release_cache, monkeypatch):
