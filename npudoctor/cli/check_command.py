@@ -69,7 +69,6 @@ def check(
     quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
-    from npudoctor.service.planning import UserOptions
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import run as run_checks
 
@@ -85,7 +84,7 @@ def check(
     )
     report = run_checks(request, progress=Progress.for_stderr(quiet))
     format_name = output_format.value if output_format else "text"
-    _emit(report, format_name, output_path, verbose, UserOptions.of(request))
+    _emit(report, format_name, output_path, verbose, request.user_options())
     raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
 
 

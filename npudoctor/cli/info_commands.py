@@ -51,9 +51,20 @@ def env_command(
     console = output.console()
     width = max(len(key) for key in data)
     for key, value in data.items():
+        if key == "live-depth":
+            value = _live_depth_line(value)
         if key != "environment":  # one line each, never folded: a long interpreter path stays whole
             console.print(f"[bold]{key:<{width}}[/]  {escape(str(value))}", soft_wrap=True)
     if data["environment"]:
         console.print("[bold]environment[/]")
         for key, value in data["environment"].items():
             console.print(f"  {key}={escape(value)}", soft_wrap=True)
+
+
+def _live_depth_line(live: dict) -> str:
+    """Whether the live depth runs here, and what to install when a requirement is missing."""
+    if not live["runs"]:
+        return f"does not run here: {live['reason']}"
+    if live["missing"]:
+        return f"runs here, standing in what a release imports of the missing: {live['reason']}"
+    return "runs here: every module of npudoctor's live requirements is installed"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib.util
 import os
 import pickle
 import resource
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.results import Status
+from npudoctor.target import hostinfo
 from npudoctor.target.discovery import Target
 
 # A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
@@ -84,13 +84,9 @@ def start(
     ids = [c.id for c in checks]
     if not ids:
         return LiveRun(LiveOutcome())
-    if not _importable("torch"):  # a slim install: the static depth is all there is
-        return LiveRun(
-            LiveOutcome(
-                unavailable="torch is not installed in this interpreter (the live depth builds sglang's "
-                "tensors with it: pip install -r requirements-live.txt)"
-            )
-        )
+    readiness = hostinfo.live_readiness()
+    if not readiness.runs:  # a slim or minimal install: the static depth is all there is
+        return LiveRun(LiveOutcome(unavailable=readiness.reason()))
     env = dict(os.environ)
     if target.source == "path":
         env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -190,13 +186,6 @@ def _answer(child: subprocess.Popen, reader: threading.Thread) -> LiveOutcome:
     return outcome
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _read_steps(fd: int, on_step: Callable[[str], None] | None) -> None:
     with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as steps:
         for line in steps:
@@ -229,9 +218,25 @@ def _cannot_tell(module: str, what: str) -> Probe:
 
 
 def _stood_in_note(outcome: LiveOutcome) -> str:
-    return (
+    note = (
         "live: not installed on this host, stood in for the import (no probe ran their code): "
         + ", ".join(sorted(outcome.stood_in))
+    )
+    required = _required_here()
+    return f"{note}; {required}" if required else note
+
+
+def _required_here() -> str | None:
+    """The packages of npudoctor's live requirements stood in (this host lacks them), and how to
+    install them."""
+    from npudoctor.live import standins
+
+    required = sorted(standins.missing_packages() & set(hostinfo.live_requirements()))
+    if not required:
+        return None
+    return (
+        f"npudoctor's live requirements not installed here: {', '.join(required)} "
+        f"({hostinfo.live_install_command()})"
     )
 
 
@@ -243,7 +248,10 @@ def import_for(check_id: str, check: Check, outcome: LiveOutcome) -> None:
     try:
         standins.import_with_stand_ins(check.live_imports, check_id)
     except Exception as error:
-        outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}"
+        required = _required_here()
+        outcome.not_run[check_id] = f"sglang does not import here: {_described(error)}" + (
+            f"; {required}" if required else ""
+        )
 
 
 def imports_done(outcome: LiveOutcome, fixes: dict[str, dict[str, str]]) -> None:
@@ -263,17 +271,19 @@ def imports_done(outcome: LiveOutcome, fixes: dict[str, dict[str, str]]) -> None
 def probe_all(wanted: dict[str, Check], target: Target, facts: Facts, outcome: LiveOutcome, step) -> None:
     """Run the live probe of each imported check of ``wanted`` into ``outcome`` (the phase after the
     imports; ``npudoctor.live.zygote`` runs it too, in a process forked after them)."""
-    from npudoctor.live import standins
+    from npudoctor.live import sealing, standins
     from npudoctor.live.npusim import npu_runtime
 
+    note = _stood_in_note(outcome) if outcome.stood_in else None
     for check_id, check in wanted.items():
         if check_id in outcome.not_run:
             continue
         step(check_id)
         started = time.perf_counter()
         try:
-            with npu_runtime(), standins.probing():
-                probe = check.live(target, facts)
+            # every probe's exceptions the host caused are judged here, in one place (npudoctor.live.sealing)
+            with npu_runtime(), standins.probing(), sealing.watching():
+                probe = sealing.judged(check.live(target, facts))
         except standins.StoodInError as reached:
             probe = _cannot_tell(reached.module, str(reached))
         except ModuleNotFoundError as error:
@@ -282,18 +292,24 @@ def probe_all(wanted: dict[str, Check], target: Target, facts: Facts, outcome: L
                 continue
             probe = _cannot_tell(error.name, f"the probe imported {error.name}, not installed on this host")
         except Exception as error:
-            outcome.errors[check_id] = _described(error)
-            continue
+            probe = sealing.ended_by_host(error)
+            if probe is None:
+                outcome.errors[check_id] = _described(error)
+                continue
         finally:
             outcome.probe_seconds[check_id] = time.perf_counter() - started
             _release_probe_memory()
-        if outcome.stood_in:
-            probe = dataclasses.replace(probe, assumptions=probe.assumptions + (_stood_in_note(outcome),))
+        if note is not None:
+            probe = dataclasses.replace(probe, assumptions=probe.assumptions + (note,))
         outcome.probes[check_id] = probe
 
 
 def _child() -> int:
-    """Entry point of the child: import the probed sglang modules behind the NPU simulation."""
+    """Entry point of the child: import the probed sglang modules behind the NPU simulation, sealed
+    from the model hubs and the network (``npudoctor.live.sealing``)."""
+    from npudoctor.live import processstate, sealing
+
+    sealing.seal()  # before anything imports sglang, transformers or huggingface_hub
     request = pickle.loads(sys.stdin.buffer.read())
     # whatever sglang prints, from Python or from native code writing to fd 1, must not corrupt
     # the answer: the answer gets its own copy of the pipe, and fd 1 becomes stderr
@@ -302,7 +318,6 @@ def _child() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     from npudoctor.engine.check import all_checks
-    from npudoctor.live import processstate
     from npudoctor.live.npusim import simulated_npu
     from npudoctor.patching import activation
     from npudoctor.target.discovery import discover
@@ -310,6 +325,7 @@ def _child() -> int:
     outcome = LiveOutcome()
     target = discover(request["sglang_root"])
     processstate.use_tree(target.tree)  # the probes' imports read the same parse as the probes
+    processstate.serve_model(request["facts"].model)  # the deployment's config.json at the model path
     wanted = {c.id: c for c in all_checks() if c.id in request["checks"]}
     steps = os.fdopen(request["steps_fd"], "w", buffering=1, encoding="utf-8")
 

@@ -12,6 +12,9 @@ from typing import Any
 from npudoctor.results import Evidence, Location
 
 _PACKAGE = "/sglang/"
+# The exceptions ``exception_evidence`` made evidence of during the probe running now: the live
+# child judges whether this host, not sglang, raised them (``npudoctor.live.sealing.judged``).
+evidenced: list[BaseException] = []
 
 
 def relative(filename: str) -> str | None:
@@ -43,7 +46,9 @@ def raising_location(error: BaseException) -> Location | None:
 
 
 def exception_evidence(expected: str, error: BaseException) -> Evidence:
-    """An exception sglang raised on the probed path, as evidence."""
+    """An exception sglang raised on the probed path, as evidence (the live child sees it: one the
+    host caused makes no ``fail``)."""
+    evidenced.append(error)
     return Evidence(
         expected=expected,
         observed=f"{type(error).__name__}: {error} (live, CPU)",

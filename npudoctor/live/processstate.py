@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -26,7 +27,12 @@ from npudoctor.static.source import SourceTree
 
 RUNTIME_MODULE = "sglang.srt.runtime_context"
 SERVER_ARGS_MODULE = "sglang.srt.server_args"
-PROBE_MODEL_PATH = "npudoctor-live-probe"
+PROBE_MODEL_NAME = "npudoctor-live-probe"
+# The model path of the probes' server arguments. The live child makes it a directory of its own
+# scratch (``serve_model_at``, from ``npudoctor.live.sealing.seal``) holding npudoctor's copy of the
+# served model's config.json (``serve_model``): sglang code that reads the model path finds the
+# deployment's model there, never the user's directory or a model hub.
+PROBE_MODEL_PATH = PROBE_MODEL_NAME
 T = TypeVar("T")
 
 _MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
@@ -170,8 +176,60 @@ def dataclass_instance(cls: type, values: dict[str, Any]) -> Any:
     return instance
 
 
+def serve_model_at(directory: Path) -> None:
+    """Make ``directory`` (created here) the probes' model path (``PROBE_MODEL_PATH``)."""
+    global PROBE_MODEL_PATH
+    directory.mkdir(parents=True, exist_ok=True)
+    PROBE_MODEL_PATH = str(directory)
+
+
+def serve_model(model: ModelFacts | None) -> None:
+    """Put ``model``'s config.json at the probes' model path, once ``serve_model_at`` made it a
+    directory: a copy of the deployment's file when the model came from one, else the model facts
+    written as an HF config. No model: the directory holds none (a read of it raises, as sglang's
+    would for a model directory without a config), not an earlier run's."""
+    if not os.path.isabs(PROBE_MODEL_PATH):
+        return
+    config = Path(PROBE_MODEL_PATH) / "config.json"
+    if model is None:
+        config.unlink(missing_ok=True)
+        return
+    data = json.dumps(hf_config(model), indent=2).encode()
+    with contextlib.suppress(OSError, ValueError):  # an inline hf_config, a file gone since: the facts
+        copied = Path(model.source).read_bytes()
+        if isinstance(json.loads(copied), dict):
+            data = copied
+    staging = config.with_name(f".config.json.{os.getpid()}")
+    staging.write_bytes(data)
+    staging.replace(config)
+
+
+def hf_config(model: ModelFacts) -> dict[str, Any]:
+    """An HF config.json of what the model facts know (a model given inline, without a file)."""
+    config: dict[str, Any] = {
+        "architectures": list(model.architectures),
+        "model_type": model.model_type,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_kv_heads,
+        "hidden_size": model.num_heads * model.head_dim,
+        "head_dim": model.head_dim,
+        "v_head_dim": model.v_head_dim,
+        "kv_lora_rank": model.kv_lora_rank,
+        "qk_rope_head_dim": model.qk_rope_head_dim,
+        "qk_nope_head_dim": model.head_dim - model.qk_rope_head_dim if model.qk_rope_head_dim else None,
+        "index_head_dim": model.index_head_dim,
+        "index_n_heads": model.index_n_heads,
+        "sliding_window": model.sliding_window,
+        "num_nextn_predict_layers": model.nextn_layers or None,
+    }
+    return {key: value for key, value in config.items() if value is not None}
+
+
 def served_model_config(model: ModelFacts) -> Any:
-    """The attributes of sglang's ``ModelConfig`` the probe knows from the model facts."""
+    """The attributes of sglang's ``ModelConfig`` the probe knows from the model facts; the model's
+    config.json goes to the probes' model path (``serve_model``), for code that reads it there."""
+    serve_model(model)
     return types.SimpleNamespace(
         num_hidden_layers=model.num_layers,
         num_attention_heads=model.num_heads,

@@ -131,10 +131,12 @@ def import_with_stand_ins(load: Callable[[], Any], needed_by: str) -> None:
     """Run ``load`` (imports), standing in each missing third-party module or name it needs.
 
     Raises what ``load`` raises when it is not a missing module or name (or a missing part of
-    sglang itself, which is never stood in)."""
+    sglang itself, which is never stood in). Either way ``sys.modules`` is left whole: what a failed
+    attempt imported under a package whose own import failed is taken out (``_drop_orphans``)."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
     for _ in range(_MAX_RETRIES):
+        before = set(sys.modules)
         try:
             load()
             return
@@ -144,7 +146,25 @@ def import_with_stand_ins(load: Callable[[], Any], needed_by: str) -> None:
         except ImportError as error:
             if not _stand_in_name(error, needed_by):
                 raise
+        finally:  # before the retry, and whatever the attempt ends in
+            _drop_orphans(before)
     raise ImportError(f"more than {_MAX_RETRIES} modules missing: not stood in")
+
+
+def _drop_orphans(before: set[str]) -> None:
+    """Take out of ``sys.modules`` every module an import attempt added whose package is not there,
+    its own submodules with it: the import system drops a module whose own code raised, but keeps
+    the submodules it had imported by then. ``sglang/__init__.py`` raising at ``import numpy``
+    (sglang/srt/utils/common.py) leaves the namespace package ``sglang.srt`` without ``sglang``; the
+    next attempt then finds ``sglang.srt`` and computes its path from ``sys.modules["sglang"]``:
+    ``KeyError: 'sglang'``. A package whose failure the attempt's own code caught (``try: import
+    transformers``) leaves the same remains. Modules whose packages are all there stay (a
+    third-party package imported whole, torch)."""
+    added = [name for name in list(sys.modules) if name not in before]
+    for name in sorted(added, key=lambda n: n.count(".")):
+        parts = name.split(".")
+        if any(".".join(parts[:i]) not in sys.modules for i in range(1, len(parts))):
+            sys.modules.pop(name, None)
 
 
 def _stand_in_module(name: str | None, needed_by: str) -> bool:
@@ -171,6 +191,12 @@ def _stand_in_name(error: ImportError, needed_by: str) -> bool:
     setattr(module, name, _stand_in(f"{module_name}.{name}"))
     stood_in.setdefault(f"{module_name}.{name}", needed_by)
     return True
+
+
+def missing_packages() -> set[str]:
+    """The top-level packages stood in whole: not installed on this host at all (not a module or a
+    name an installed package of another version lacks)."""
+    return {root for root in _FINDER.roots if "." not in root}
 
 
 @contextmanager

@@ -207,10 +207,12 @@ class _Node:
         return ("ok", b"".join(chunks))
 
     def _probed(self, run: dict) -> LiveOutcome:
-        from npudoctor.live import child_process
+        from npudoctor.live import child_process, processstate, sealing
 
         os.environ.clear()  # the run's own environment, as a fresh child would have it
         os.environ.update(run["env"])
+        sealing.seal()  # and sealed as a fresh child is (the hubs' switches are variables too)
+        processstate.serve_model(run["facts"].model)
         steps = os.fdopen(os.dup(self.steps_fd), "w", buffering=1, encoding="utf-8")
 
         def step(name: str) -> None:
@@ -247,6 +249,9 @@ def _copy(outcome: LiveOutcome) -> LiveOutcome:
 def _zygote() -> int:
     """Entry point of a zygote: ``python -m npudoctor.live.zygote SGLANG_ROOT STEPS_FD``, requests
     on stdin, answers on stdout."""
+    from npudoctor.live import processstate, sealing
+
+    sealing.seal()  # as a fresh child: before anything imports sglang, transformers or huggingface_hub
     root, steps_fd = sys.argv[1], int(sys.argv[2])
     upstream_in = os.dup(0)
     upstream_out = os.dup(1)
@@ -254,7 +259,6 @@ def _zygote() -> int:
     sys.stdout = sys.stderr
     _die_with_parent()
     from npudoctor.engine.check import all_checks
-    from npudoctor.live import processstate
     from npudoctor.live.npusim import simulated_npu
     from npudoctor.target.discovery import discover
 

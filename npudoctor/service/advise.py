@@ -184,7 +184,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         depth=request.check.depth,
         fail_on=request.check.fail_on,
         notes=tuple(notes),
-        user=UserOptions.of(request.check, default_depth="static"),
+        user=request.check.user_options(default_depth="static"),
     )
 
 

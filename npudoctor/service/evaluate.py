@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
 from npudoctor.live import child_process
+from npudoctor.live.sealing import CAUSED_BY_HOST
 from npudoctor.results import Result
 from npudoctor.target import resultcache
 from npudoctor.target.discovery import Target
@@ -134,10 +135,12 @@ def _keep_outcome(
     fixes: dict[str, dict[str, str]] | None,
 ) -> None:
     """Keep an outcome every probe of which ran to its end: not one where the live depth was
-    unavailable, a probe raised or did not run (a timeout, a crash, this host's trouble), which the
-    next command should try again."""
+    unavailable, a probe raised or did not run (a timeout, a crash) or could not tell because of
+    this host (``live.sealing``), which the next command should try again."""
     if outcome.unavailable or outcome.errors or outcome.not_run:
         return
+    if any(CAUSED_BY_HOST in probe.summary for probe in outcome.probes.values()):
+        return  # the host's trouble (a file, a timeout) may be gone next time
     resultcache.keep(outcome, "live outcome", target.cache_key, *_live_key(facts, probed, fixes))
 
 

@@ -35,7 +35,7 @@ class FixSetting:
     def user_options(self) -> planning.UserOptions:
         """The user's options the hints repeat, ``--site`` included."""
         site = ("--site", str(self.site)) if self.site is not None else ()
-        return replace(planning.UserOptions.of(self.request), site=site)
+        return replace(self.request.user_options(), site=site)
 
 
 def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:

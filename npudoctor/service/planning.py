@@ -34,7 +34,6 @@ from npudoctor.target.discovery import Target
 
 if TYPE_CHECKING:
     from npudoctor.results import Report
-    from npudoctor.service.runner import CheckRequest
 
 SCHEMA = 1
 
@@ -435,30 +434,6 @@ class UserOptions:
     depth: str | None = None  # the depth the user asked for; None: the default of the command they ran
     site: tuple[str, ...] = ()  # --site DIR (fix only)
     launch_command: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, request: CheckRequest, default_depth: str = "auto") -> UserOptions:
-        """The options of a check request (``check``, ``fix``; ``advise``, whose ``default_depth`` is
-        static): a depth other than the command's default is the user's own choice."""
-        deployment: list[str] = []
-        if request.config is not None:
-            deployment += ["--config", str(request.config)]
-        if request.model_path is not None:
-            deployment += ["--model-path", str(request.model_path)]
-            deployment += [
-                f"--{key.replace('_', '-')}={value}" for key, value in request.server_flags.items()
-            ]
-            for pair in request.env_flags:
-                deployment += ["--env", pair]
-        if request.isolated:
-            deployment.append("--isolated")
-        target = ["--sglang-path", str(request.sglang_path)] if request.sglang_path is not None else []
-        return cls(
-            target=tuple(redact_argv(target)),
-            deployment=tuple(redact_argv(deployment)),
-            depth=request.depth if request.depth != default_depth else None,
-            launch_command=tuple(redact_argv(request.launch_command)),
-        )
 
     @classmethod
     def of_report(cls, report: Report) -> UserOptions:

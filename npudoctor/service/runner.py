@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 from npudoctor import __version__
 from npudoctor.deployment import ignores, load
 from npudoctor.deployment.launch import sglang_parser
-from npudoctor.deployment.redact import redact_result, redact_value
+from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
 from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.engine.registry import select
 from npudoctor.errors import InputError
 from npudoctor.results import Report, Status
 from npudoctor.service.evaluate import evaluate, reuse
+from npudoctor.service.planning import Action, UserOptions, decisions, recorded_fixes
 from npudoctor.target.discovery import discover, require_ascend_backend
 from npudoctor.target.serverargs import validate_arguments
 
@@ -47,6 +48,28 @@ class CheckRequest:
     # judge with the fixes `fix --apply` recorded beside the target (False: --no-recorded-fixes)
     recorded_fixes: bool = True
 
+    def user_options(self, default_depth: str = "auto") -> UserOptions:
+        """The user's own options a hint repeats (``planning.hint``): of ``check``, ``fix``, and
+        ``advise`` (whose ``default_depth`` is static): a depth other than the command's default is
+        the user's own choice."""
+        deployment: list[str] = []
+        if self.config is not None:
+            deployment += ["--config", str(self.config)]
+        if self.model_path is not None:
+            deployment += ["--model-path", str(self.model_path)]
+            deployment += [f"--{key.replace('_', '-')}={value}" for key, value in self.server_flags.items()]
+            for pair in self.env_flags:
+                deployment += ["--env", pair]
+        if self.isolated:
+            deployment.append("--isolated")
+        target = ["--sglang-path", str(self.sglang_path)] if self.sglang_path is not None else []
+        return UserOptions(
+            target=tuple(redact_argv(target)),
+            deployment=tuple(redact_argv(deployment)),
+            depth=self.depth if self.depth != default_depth else None,
+            launch_command=tuple(redact_argv(self.launch_command)),
+        )
+
 
 def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map.
@@ -71,8 +94,6 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         live_step = live_steps(say, target)
         try:
             # sglang's processes run the fixes `fix --apply` recorded: the verdicts are judged with them
-            from npudoctor.service.planning import recorded_fixes
-
             recorded = recorded_fixes(target, request.depth, use=request.recorded_fixes)
             kept = recorded.plan if recorded is not None else {}
             if fixes:
@@ -139,8 +160,6 @@ def _selected_fixes(ids: list[str]) -> list:
 
 def _fix_plan(fixes, target, results) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """The runtime fixes the live probes run with (``--with-fix``), and why the others were not."""
-    from npudoctor.service.planning import Action, decisions
-
     plan, refused = {}, {}
     for planned in decisions(fixes, target, results, allow_unsafe=True):
         decision = planned.decision

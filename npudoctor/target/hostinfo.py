@@ -2,7 +2,9 @@
 
 Versions come from package metadata, CANN from its install files, the NPUs from
 ``npu-smi`` when it is on PATH. Environment variables that steer sglang or the NPU
-stack are listed with credential-looking values redacted.
+stack are listed with credential-looking values redacted. Whether the live depth can run
+here (``live_readiness``: the modules of its requirements this interpreter lacks) is what the
+live child asks too before it starts.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from npudoctor import __version__
@@ -36,6 +40,94 @@ _CANN_VERSION_FILES = (
 )
 
 
+# The live depth's CPU dependency set, shipped inside npudoctor (package data), so the install
+# command printed names files that exist wherever npudoctor is installed.
+LIVE_REQUIREMENTS = "requirements-live.txt"
+LIVE_CONSTRAINTS = "constraints-live.txt"
+# Requirements whose import name is not the distribution's name.
+_IMPORT_NAMES = {"pillow": "PIL", "pyzmq": "zmq", "apache-tvm-ffi": "tvm_ffi"}
+# Without these no live probe runs: npudoctor's live helpers build sglang's tensors with torch and
+# their page indices with numpy. Any other requirement this host lacks is stood in where a release
+# imports it (npudoctor.live.standins), and the report names it.
+LIVE_NEEDS = ("torch", "numpy")
+
+
+@dataclass(frozen=True)
+class LiveReadiness:
+    """Which modules of the live depth's requirements this interpreter lacks."""
+
+    missing: tuple[str, ...]  # import names, in the requirements' order
+
+    @property
+    def runs(self) -> bool:
+        """Whether the live depth can run here (it needs ``LIVE_NEEDS``; the rest is stood in)."""
+        return not set(LIVE_NEEDS) & set(self.missing)
+
+    @property
+    def install(self) -> str:
+        return live_install_command()
+
+    def reason(self) -> str | None:
+        """One line: what is missing and how to install it (None when nothing is)."""
+        if not self.missing:
+            return None
+        blocking = [m for m in self.missing if m in LIVE_NEEDS]
+        first, *rest = blocking + [m for m in self.missing if m not in LIVE_NEEDS]
+        nor = f" (nor {', '.join(rest)})" if rest else ""
+        return (
+            f"{first} is not installed in this interpreter{nor}: the live depth imports sglang with "
+            f"npudoctor's live requirements; install them with: {self.install}"
+        )
+
+
+def live_data_file(name: str) -> Path:
+    """A file of npudoctor's package data (``npudoctor/data/``), where this npudoctor is installed."""
+    return Path(__file__).resolve().parents[1] / "data" / name
+
+
+def live_install_command() -> str:
+    """The command that installs the live depth's requirements (the files shipped with npudoctor)."""
+    return f"pip install -r {live_data_file(LIVE_REQUIREMENTS)} -c {live_data_file(LIVE_CONSTRAINTS)}"
+
+
+def live_requirements() -> list[str]:
+    """The import names of the live depth's requirements (``requirements-live.txt``), in order."""
+    try:
+        lines = live_data_file(LIVE_REQUIREMENTS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return list(LIVE_NEEDS)
+    names: list[str] = []
+    for line in lines:
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
+        if found:
+            name = _IMPORT_NAMES.get(found.group(1).lower(), found.group(1).replace("-", "_"))
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def live_readiness() -> LiveReadiness:
+    """The live depth's requirements this interpreter lacks (found without importing them)."""
+    return LiveReadiness(tuple(name for name in live_requirements() if not _findable(name)))
+
+
+def _findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _live_depth() -> dict:
+    readiness = live_readiness()
+    return {
+        "runs": readiness.runs,
+        "missing": list(readiness.missing),
+        "reason": readiness.reason(),
+        "install": readiness.install,
+    }
+
+
 def inventory() -> dict:
     return {
         "npudoctor": __version__,
@@ -46,6 +138,7 @@ def inventory() -> dict:
         "sglang": _sglang(),
         "cann": _cann_version(),
         "npu-smi": _npu_smi(),
+        "live-depth": _live_depth(),
         "environment": redact_env(
             {k: v for k, v in sorted(os.environ.items()) if k.startswith(RELEVANT_ENV_PREFIXES)}
         ),

@@ -1,10 +1,14 @@
-"""checks/ and fixes/ ship inside npudoctor, never as top-level packages."""
+"""checks/ and fixes/ ship inside npudoctor, never as top-level packages; so do the live depth's
+requirement files, whose install command npudoctor prints."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import npudoctor.checks
 import npudoctor.fixes
@@ -37,3 +41,48 @@ def test_editable_install_maps_the_same_packages():
     assert npudoctor.fixes.__path__ == [str(REPO / "fixes")]
     done = subprocess.run([sys.executable, "-c", "import checks"], capture_output=True, cwd="/")
     assert done.returncode != 0
+
+
+def test_the_printed_install_command_names_files_of_the_installed_wheel(tmp_path):
+    """``npudoctor env`` (and the live depth, where it cannot run) print ``pip install -r
+    requirements-live.txt -c constraints-live.txt``; from a wheel installed anywhere, both files exist
+    where the command says, inside the installed package, with the repository's content."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = tmp_path.glob("npudoctor-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"npudoctor/data/requirements-live.txt", "npudoctor/data/constraints-live.txt"} <= set(names)
+    installed = tmp_path / "installed"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--quiet",
+            "--target",
+            str(installed),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from npudoctor.cli import main; sys.exit(main(sys.argv[1:]))"]
+        + ["env", "-f", "json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    words = json.loads(done.stdout)["live-depth"]["install"].split()
+    files = [Path(words[i + 1]) for i, word in enumerate(words) if word in ("-r", "-c")]
+    assert [f.name for f in files] == ["requirements-live.txt", "constraints-live.txt"], words
+    for path in files:
+        assert path.is_file() and path.is_relative_to(installed / "npudoctor"), path
+        assert path.read_text() == (REPO / path.name).read_text()  # the repository's top-level file
