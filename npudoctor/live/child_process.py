@@ -164,6 +164,10 @@ def _answer(child: subprocess.Popen, reader: threading.Thread) -> LiveOutcome:
         child.kill()
         child.communicate()
         return LiveOutcome(unavailable=f"the live run did not finish in {TIMEOUT_SECONDS} s")
+    except BaseException:  # Ctrl-C or a signal to this process alone: the child must not run on
+        child.kill()
+        child.wait()
+        raise
     finally:
         reader.join(timeout=5)
     tail = (stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"])[0][:300]

@@ -33,9 +33,10 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _interrupted(argv: list[str]) -> subprocess.CompletedProcess:
+def _interrupted(argv: list[str], parent_only: bool = False) -> subprocess.CompletedProcess:
     """``npudoctor ARGV`` in a session of its own, Ctrl-C'd a second after its first child process
-    (a worker, the live child) started."""
+    (a worker, the live child) started; ``parent_only``: SIGINT to npudoctor's process alone (``kill
+    -INT PID``), not its group. The result's ``children`` are the processes it had started."""
     command = [str(Path(sys.executable).parent / "npudoctor"), *argv]  # the venv's, as a user runs it
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -47,9 +48,15 @@ def _interrupted(argv: list[str]) -> subprocess.CompletedProcess:
         time.sleep(0.05)
     time.sleep(1.0)
     assert process.poll() is None, f"{argv} finished before the Ctrl-C"
-    os.killpg(process.pid, signal.SIGINT)
+    children = _children(process.pid)
+    if parent_only:
+        os.kill(process.pid, signal.SIGINT)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
+    done = subprocess.CompletedProcess(command, process.returncode, out, err)
+    done.children = children
+    return done
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child processes from /proc")
@@ -83,3 +90,19 @@ def test_run_reports_a_command_sigint_ended_as_130(release):
     done = subprocess.run([str(Path(sys.executable).parent / "npudoctor"), "run", "--depth", "static", "--quiet",
                            "--", "sh", "-c", "kill -INT $$"], capture_output=True, text=True, env=env, cwd=REPO)  # fmt: skip
     assert (done.returncode, done.stderr) == (130, ""), done.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child processes from /proc")
+def test_a_sigint_to_npudoctor_alone_stops_its_live_child(release):
+    """``kill -INT PID`` reaches npudoctor only, not the live child it started: the child must not
+    run on alone after npudoctor has exited."""
+    argv = ["check", "--depth", "live", "--sglang-path", str(release("0.5.12")), "--config",
+            str(DEEPSEEK_PD), "--quiet"]  # fmt: skip
+    done = _interrupted(argv, parent_only=True)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in done.children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in done.children if Path(f"/proc/{pid}/stat").exists()
+             and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]  # fmt: skip
+    assert not alive, f"live child still running after npudoctor exited: {alive}"
