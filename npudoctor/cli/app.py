@@ -33,8 +33,8 @@ app.command(context_settings=_LAUNCH_COMMAND, epilog=check_command.EPILOG)(check
 app.command(context_settings=_LAUNCH_COMMAND, epilog=advise_command.EPILOG)(advise_command.advise)
 app.command(context_settings=_LAUNCH_COMMAND, epilog=fix_command.EPILOG)(fix_command.fix)
 app.command(context_settings=_COMMAND_TO_RUN, epilog=run_command.EPILOG)(run_command.run)
-app.command("list")(info_commands.list_checks)
-app.command()(info_commands.explain)
+app.command("list", context_settings=_LAUNCH_COMMAND)(info_commands.list_checks)
+app.command(context_settings=_LAUNCH_COMMAND)(info_commands.explain)
 app.command("env")(info_commands.env_command)
 
 

@@ -129,7 +129,7 @@ class DeploymentOptions:
 
 
 def takes_deployment(command: Callable) -> Callable:
-    """Give ``command`` (check, fix, run, advise) the deployment options, first in its --help, as one
+    """Give ``command`` (check, fix, run, advise, list, explain) the deployment options, first in its --help, as one
     ``DeploymentOptions``, its ``deployment`` parameter.
 
     typer has no option groups: it reads a command's options from its signature, so the context
@@ -151,7 +151,10 @@ def takes_deployment(command: Callable) -> Callable:
         )
         return command(deployment=deployment, **options)
 
-    with_deployment.__signature__ = signature.replace(parameters=[context, *added, *own])
+    # the command's own parameters without a default (``explain``'s ID) keep their place first
+    required = [p for p in own if p.default is inspect.Parameter.empty]
+    rest = [p for p in own if p.default is not inspect.Parameter.empty]
+    with_deployment.__signature__ = signature.replace(parameters=[context, *required, *added, *rest])
     with_deployment.__annotations__ = {
         p.name: p.annotation for p in with_deployment.__signature__.parameters.values()
     }

@@ -8,23 +8,31 @@ import typer
 from rich.markup import escape
 
 from npudoctor.cli import output
+from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import DataFormat
 from npudoctor.errors import InputError
 
 
-def list_checks() -> None:
-    """List every check: id, title, upstream references."""
+@takes_deployment
+def list_checks(deployment: DeploymentOptions) -> None:
+    """List every check: id, what the release history says, title, upstream references.
+
+    With a deployment (given as check takes it), the release history is the deployment's: the
+    witness deployments of its attention kind and FIA setting, as check reads it."""
     from npudoctor.engine.check import all_checks
     from npudoctor.formatters import listing
 
-    listing.print_list(output.console(), all_checks())
+    listing.print_list(output.console(), all_checks(), _facts(deployment))
 
 
+@takes_deployment
 def explain(
+    deployment: DeploymentOptions,
     check_id: Annotated[str, typer.Argument(metavar="ID", help="A check id, e.g. NPD001.")],
     full: Annotated[bool, typer.Option("--full", help="Also what the check tests, and how.")] = False,
 ) -> None:
-    """Why a check matters, when its defect bites, and how to fix it."""
+    """Why a check matters, when its defect bites, and how to fix it (with a deployment: the release
+    history for it)."""
     from npudoctor.engine.check import all_checks
     from npudoctor.formatters import listing
 
@@ -32,7 +40,16 @@ def explain(
     item = checks.get(check_id.strip().upper())
     if item is None:
         raise InputError(f"unknown check id {check_id!r} (known: {', '.join(checks)})")
-    listing.print_explain(output.console(), item, full)
+    listing.print_explain(output.console(), item, full, _facts(deployment))
+
+
+def _facts(deployment: DeploymentOptions):
+    """The facts of the deployment the options describe (read as ``check --depth static`` reads it),
+    or those of no deployment: every witness of the release history speaks."""
+    from npudoctor.cli.options import Depth
+    from npudoctor.service.runner import load_deployment
+
+    return load_deployment(deployment.check_request(Depth.static)).facts
 
 
 def env_command(

@@ -21,15 +21,16 @@ from rich.text import Text
 from npudoctor.formatters.layout import Rows, Trimmed, Uncropped, Whole, group, print_whole
 
 
-def fixed_in_history(item) -> str:
-    """What ``npudoctor.target.history`` says for the check on any deployment: the first release from
-    which every witness deployment holds the property, or that the newest still fails."""
+def fixed_in_history(item, facts=None) -> str:
+    """What ``npudoctor.target.history`` says for the check on the deployment of ``facts`` (None: any
+    deployment): the first release from which every witness deployment of its kind holds the
+    property, or that the newest still fails; what ``check``'s remediation reads too."""
     from npudoctor.deployment.facts import NO_DEPLOYMENT
     from npudoctor.target import history
 
     if not item.upstream_history:
         return "-"
-    found = history.upstream(item.id, NO_DEPLOYMENT, None)
+    found = history.upstream(item.id, facts or NO_DEPLOYMENT, None)
     if found.fixed_in:
         return f"fixed in {found.fixed_in}"
     return f"not fixed as of {found.newest_checked}" if found.newest_checked else "-"
@@ -38,28 +39,29 @@ def fixed_in_history(item) -> str:
 # --- list ------------------------------------------------------------------------------------
 
 
-def list_renderable(checks: Sequence) -> RenderableType:
+def list_renderable(checks: Sequence, facts=None) -> RenderableType:
     """One line per check, its title wrapped under its column, then its upstream URLs."""
     header = ([Text("check", "bold"), Text("upstream", "bold")], Text("title", "bold"))
+    said = {c.id: fixed_in_history(c, facts) for c in checks}
     floors = (
         max([len("check")] + [len(c.id) for c in checks]),
-        max(len(fixed_in_history(c)) for c in checks),
+        max(len(text) for text in said.values()),
     )
     parts: list[RenderableType] = [Rows([], header=header, min_widths=floors)]
     for item in checks:
-        parts.append(Rows([([item.id, fixed_in_history(item)], item.title)], wrap=True, min_widths=floors))
+        parts.append(Rows([([item.id, said[item.id]], item.title)], wrap=True, min_widths=floors))
         parts.extend(Whole(url, indent=floors[0] + 2) for url in item.upstream)
     return Uncropped(group(parts))
 
 
-def print_list(console: Console, checks: Sequence) -> None:
-    print_whole(console, list_renderable(checks))
+def print_list(console: Console, checks: Sequence, facts=None) -> None:
+    print_whole(console, list_renderable(checks, facts))
 
 
 # --- explain ---------------------------------------------------------------------------------
 
 
-def explain_markdown(item, full: bool = False) -> str:
+def explain_markdown(item, full: bool = False, facts=None) -> str:
     """The Markdown text of ``npudoctor explain``."""
     from npudoctor.patching.fixbase import fix_by_id
     from npudoctor.target import history
@@ -78,8 +80,8 @@ def explain_markdown(item, full: bool = False) -> str:
         fix = None
     if fix is not None:
         lines += [f"**Runtime fix** ({fix.safety.value}): {_prose(fix.title)}: {_prose(fix.provenance)}.", ""]
-    answer = fixed_in_history(item)
-    witnesses = history.witness_deployments(item.id) if item.upstream_history else []
+    answer = fixed_in_history(item, facts)
+    witnesses = history.witness_deployments(item.id, facts) if item.upstream_history else []
     if item.upstream or answer != "-":
         lines += ["### Upstream", ""]
         lines += [f"- <{url}>" for url in item.upstream]
@@ -94,12 +96,12 @@ def explain_markdown(item, full: bool = False) -> str:
     return "\n".join(lines)
 
 
-def explain_renderable(item, full: bool = False) -> RenderableType:
-    return Trimmed(Markdown(explain_markdown(item, full), hyperlinks=True))
+def explain_renderable(item, full: bool = False, facts=None) -> RenderableType:
+    return Trimmed(Markdown(explain_markdown(item, full, facts), hyperlinks=True))
 
 
-def print_explain(console: Console, item, full: bool = False) -> None:
-    console.print(explain_renderable(item, full))
+def print_explain(console: Console, item, full: bool = False, facts=None) -> None:
+    console.print(explain_renderable(item, full, facts))
     if not full:
         from npudoctor.service.planning import hint
 

@@ -109,9 +109,13 @@ def holds_from(holds: dict[str, bool], after: tuple[int, ...] = ()) -> str | Non
     return fixed
 
 
-def witness_deployments(check_id: str, data: dict | None = None) -> list[str]:
-    """The example deployments on which the history ran ``check_id`` (not ``skip`` everywhere)."""
-    return [w["deployment"] for w in _witnesses(_load() if data is None else data, check_id)]
+def witness_deployments(check_id: str, facts: Facts | None = None, data: dict | None = None) -> list[str]:
+    """The example deployments on which the history ran ``check_id`` (not ``skip`` everywhere) and
+    that speak for ``facts`` (``deployment_tables``; every one for no deployment)."""
+    witnesses = _witnesses(_load() if data is None else data, check_id)
+    if facts is not None and facts.described and facts.model is not None:
+        witnesses = [w for w in witnesses if _matches(w, facts)]
+    return [w["deployment"] for w in witnesses]
 
 
 def _witnesses(data: dict, check_id: str) -> list[dict]:

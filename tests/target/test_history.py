@@ -151,6 +151,29 @@ def test_list_explain_and_check_say_the_same_for_every_check(cli):
             assert remedy.unfixed_as_of == found.newest_checked
 
 
+@pytest.mark.parametrize(
+    ("example", "version"), [("deepseek-v3-pd.yaml", "0.5.11"), ("llama3-70b-pp3-pd.yaml", "0.5.12")]
+)
+def test_list_explain_and_check_say_the_same_for_a_deployment(cli, release, example, version):
+    """With the deployment given, ``list`` and ``explain`` read its history, as its findings do:
+    NPD003 holds for DeepSeek-V3 (MLA) from 0.5.12, and for Llama-3-70B over PP 3 (the MHA
+    splitter) in no release."""
+    config = EXAMPLES / example
+    code, out, _ = cli("check", "-f", "json", "--sglang-path", release(version), "--config", config,
+                       "--select", "NPD003")  # fmt: skip
+    remedy = result_of(json.loads(out), "NPD003")["remediation"]
+    assert code == 1 and remedy is not None
+    said = (
+        f"fixed in {remedy['fixed_in']}"
+        if remedy["fixed_in"]
+        else f"not fixed as of {remedy['unfixed_as_of']}"
+    )
+    _, listed, _ = cli("list", "--config", config)
+    assert f"NPD003 {said}" in " ".join(listed.split())
+    _, explained, _ = cli("explain", "NPD003", "--config", config)
+    assert f"Release history npudoctor checked: {said}" in " ".join(explained.split())
+
+
 def test_the_history_has_a_witness_for_every_family_a_check_names():
     """NPD003's MHA splitter is wrong on uneven PP splits through the newest release: the history
     must have a witness that says so, or ``list`` calls NPD003 fixed (its MLA witness passes)."""
