@@ -85,6 +85,22 @@ class DeploymentOptions:
     env: tuple[str, ...]
     isolated: bool
 
+    def server_flags(self) -> dict[str, int | str]:
+        """The server arguments ``--model-path``'s flags give (``--disaggregation-mode`` ...), after
+        the words after ``--`` are known to be a launch command, not a misplaced option."""
+        if self.launch_command and self.launch_command[0].startswith("-"):
+            raise InputError(f"unknown option {self.launch_command[0]!r} (a launch command goes after '--')")
+        return {
+            key: value
+            for key, value in (
+                ("disaggregation_mode", self.role.value if self.role else None),
+                ("pp_size", self.pp_size),
+                ("tp_size", self.tp_size),
+                ("page_size", self.page_size),
+            )
+            if value is not None
+        }
+
     def check_request(
         self,
         depth: Depth,
@@ -98,18 +114,7 @@ class DeploymentOptions:
         """The ``CheckRequest`` of this deployment and the command's own options."""
         from npudoctor.service.runner import CheckRequest
 
-        if self.launch_command and self.launch_command[0].startswith("-"):
-            raise InputError(f"unknown option {self.launch_command[0]!r} (a launch command goes after '--')")
-        flags = {
-            key: value
-            for key, value in (
-                ("disaggregation_mode", self.role.value if self.role else None),
-                ("pp_size", self.pp_size),
-                ("tp_size", self.tp_size),
-                ("page_size", self.page_size),
-            )
-            if value is not None
-        }
+        flags = self.server_flags()
         return CheckRequest(
             config=self.config,
             launch_command=list(self.launch_command),

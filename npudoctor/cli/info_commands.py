@@ -45,11 +45,21 @@ def explain(
 
 def _facts(deployment: DeploymentOptions):
     """The facts of the deployment the options describe (read as ``check --depth static`` reads it),
-    or those of no deployment: every witness of the release history speaks."""
-    from npudoctor.cli.options import Depth
-    from npudoctor.service.runner import load_deployment
+    or None for none: every witness of the release history speaks. The deployment module only:
+    ``list`` and ``explain`` load no check machinery."""
+    flags = deployment.server_flags()
+    if not (deployment.config or deployment.launch_command or deployment.model_path):
+        return None
+    from npudoctor.deployment import load
 
-    return load_deployment(deployment.check_request(Depth.static)).facts
+    return load.described(
+        config=deployment.config,
+        launch_command=deployment.launch_command,
+        model_path=deployment.model_path,
+        server_flags=flags,
+        env_flags=deployment.env,
+        isolated=deployment.isolated,
+    ).facts
 
 
 def env_command(
@@ -84,4 +94,4 @@ def _live_depth_line(live: dict) -> str:
         return f"does not run here: {live['reason']}"
     if live["missing"]:
         return f"runs here, standing in what a release imports of the missing: {live['reason']}"
-    return "runs here: every module of npudoctor's live requirements is installed"
+    return "runs here: every live requirement is installed"
