@@ -29,9 +29,19 @@ with the indexer; DeepSeek-V4's backend only when no model is given), and calls 
 Reads of the batch's CP metadata are checked against the class the deployment's preparation
 builds: the selected strategy's (``ZigzagCPStrategy`` builds ``ZigzagContextParallelMetadata``)
 where the model runs CP-v2 (``CP_V2_DEFAULT_MODEL_CLASSES``, ``SGLANG_ENABLE_CP_V2``), else the
-model-level ``ContextParallelMetadata``, whatever the batch field's declaration says. A strategy
-step on the path whose whole body raises ``NotImplementedError`` fails too. Sibling found this
-way: Qwen3-MoE with ``--cp-strategy interleave`` fails on every release that has the flag
+model-level ``ContextParallelMetadata``, whatever the batch field's declaration says. A call on the
+path into a function that always raises fails too, naming the call and the ``raise``
+(``npudoctor.static.walker.AlwaysRaises``: every path through the callee ends in a ``raise`` or in
+a call to such a function): a strategy step its class does not implement, or the KV all-gather
+0.5.20-0.5.22 left as a stub (``_cp_allgather_and_save_kv_npu`` calls
+``layers/utils/cp_utils.cp_all_gather_rerange_kv_cache``, whose body is ``_deprecated_platform_cp()``,
+which raises ``ValueError``: the first CP prefill of an MHA/GQA model dies there, before the FIA
+attention; 0.5.19 has the real gather, 0.5.23 gathers through the CP strategy's
+``materialize_full_kv``; no npudoctor fix). The live probe, which runs that gather, also sees
+0.5.16-0.5.19 fail there for a CP-v2 model (Qwen3-MoE): their CP-v2 preparation pads each rank to
+a physical length, and the legacy gather splits the padded rows by the logical lengths
+(``RuntimeError`` at the first CP prefill whose ranks are not already equal and aligned; a size
+mismatch, which the static probe cannot see). Sibling found this way: Qwen3-MoE with ``--cp-strategy interleave`` fails on every release that has the flag
 (0.5.14-0.5.23; tests/data/known.yaml ``cp_strategies``): no npudoctor fix, use zigzag. The live
 probe runs the FIA (MHA/GQA) CP attention, also for the interleave strategy (rows from the
 strategy's own ``shard_hidden_states``); the MLA families are judged from the source (their live
@@ -75,13 +85,17 @@ sglang's own preparation, called as the release calls it (the model's
 ``prepare_context_parallel_metadata(...)`` call and the ``if`` tests around it, e.g.
 ``can_cp_split``; the CP strategy's ``prepare_cp_forward``); where the release admits one
 request per CP batch (0.5.11/0.5.12 ``can_cp_split``), observe that refusal and use one
-request. For each CP rank, run the installed ``do_cp_attn_fia`` on that rank's zigzag share
-of q against a paged KV cache holding every request's full sequence, with the deployment's
-per-rank heads, head dims and page size, on CPU (the FIA kernel is npudoctor's CPU
-reference), and compare every output row with full causal attention computed
-independently. A read of a field the metadata does not define (``AttributeError`` on the
-metadata) or any wrong row is a ``fail`` with the first differing request, token and head;
-what npudoctor cannot set up or the kernel reference does not model is a ``warn``.
+request. For each CP rank, run one whole CP prefill attention layer of the installed sglang from
+where the backend receives that rank's zigzag share of q, k and v (``AscendAttnBackend.forward``):
+the release's own K/V all-gather and save into its NPU KV pool, whose cache holds only the cached
+prefixes (garbage where the new tokens go), then ``do_cp_attn_fia``, with the deployment's per-rank
+heads, head dims and page size, on CPU (the NPU kernels are npudoctor's CPU references; the
+attention-CP all-gather is simulated across the ranks, which run in this process), and compare
+every output row with full causal attention computed independently. An exception sglang's own code
+raises (a ``raise`` on the path, e.g. 0.5.20-0.5.22's stub all-gather; a read of a field the
+metadata does not define) or any wrong row is a ``fail`` with the raising file:line and the calls
+that led there, or the first differing request, token and head; what npudoctor cannot set up or
+its kernel references and simulated group do not model is a ``warn``.
 """
 
 from __future__ import annotations
@@ -171,8 +185,9 @@ class ContextParallelMetadataFields(Check):
         live_probe.import_modules()
 
     def live(self, target: Target, facts: Facts) -> Probe:
-        """Run the installed FIA CP attention on CPU, on every CP rank, for a batch of several
-        requests with metadata from sglang's own preparation, and compare with causal attention."""
+        """Run one whole CP prefill attention layer of the installed sglang on CPU (K/V all-gather and
+        save, then the FIA CP attention), on every CP rank, for a batch of several requests with
+        metadata from sglang's own preparation, and compare with causal attention."""
         from . import live as live_probe
         from . import static as static_probe
 

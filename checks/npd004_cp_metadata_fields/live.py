@@ -1,5 +1,5 @@
-"""NPD004's live probe: run the installed NPU FIA context-parallel attention on CPU, on every
-CP rank, and judge it against causal attention computed independently.
+"""NPD004's live probe: run one whole CP prefill attention layer of the installed sglang on CPU,
+on every CP rank, and judge it against causal attention computed independently.
 The batch's CP metadata comes from sglang's own preparation, called the way the release calls it:
 the model's ``prepare_context_parallel_metadata`` call (``layers/utils/cp_utils.py``,
 0.5.11-0.5.15), evaluated with the ``if`` tests around it in the model file of the deployment's
@@ -7,15 +7,23 @@ architecture (e.g. ``can_cp_split(...)`` in ``models/qwen3_moe.py``), and the CP
 ``prepare_cp_forward`` (``layers/cp/utils.py``, 0.5.15+: ``get_cp_strategy().build_metadata``)
 after its own ``assert`` preconditions; a precondition that refuses a batch of several requests
 is recorded (0.5.11/0.5.12 admit one request per CP batch) and the batch shrinks to one request.
-Each rank's local q is taken from the batch as the zigzag layout puts it, by the metadata's own
-``split_list``/``zigzag_index``, padded to the rank's physical length where the metadata names
-one (0.5.23 ``per_rank_actual_token``); the KV cache is paged with the deployment's page size and
-holds each request's full sequence (cached prefix + extend tokens) in shuffled pages, with random
-garbage everywhere else. The installed method runs on an ``AscendAttnBackend`` made without its
-heavy ``__init__`` (``object.__new__`` + the attributes the path reads) with a layer carrying the
-deployment's per-rank head counts and dims, under ``npu_runtime()`` (CPU reference of
-``npu_fused_infer_attention_score``) and ``accelerator_on_cpu()``, and every output row is
-compared with full causal attention of its token computed here (float64, plain torch).
+Each rank's local q, k and v are taken from the batch as the zigzag layout puts them, by the
+metadata's own ``split_list``/``zigzag_index``, padded to the rank's physical length where the
+metadata names one (0.5.23 ``per_rank_actual_token``). The layer runs from where the backend
+receives them (``AttentionBackend.forward``): the release's own K/V all-gather and save into the
+KV pool (``_cp_allgather_and_save_kv_npu`` and what it calls: ``cp_utils`` through 0.5.22, the CP
+strategy's ``materialize_full_kv`` on 0.5.23), then the FIA CP attention (``do_cp_attn_fia``).
+The pool is the release's ``NPUMHATokenToKVPool``, paged with the deployment's page size, holding
+each request's cached prefix in shuffled pages and random garbage everywhere else (the slots the
+layer must save the new tokens' K/V to included). The attention-CP group is simulated across the
+ranks (``npusim.Collectives``: the ranks run in turn, in passes, until every all-gather returns
+the concatenation of what every rank sent). The backend is an ``AscendAttnBackend`` made without
+its heavy ``__init__`` (``object.__new__`` + the attributes the path reads) with a layer carrying
+the deployment's per-rank head counts and dims, under ``npu_runtime()`` (CPU references of
+``npu_fused_infer_attention_score`` and ``npu_scatter_nd_update_``) and ``accelerator_on_cpu()``,
+and every output row is compared with full causal attention of its token computed here (float64,
+plain torch). An exception sglang raises itself on the way (a ``raise`` in its code, a field the
+metadata lacks) fails with the raising file:line and the sglang calls that led there.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import linecache
 import re
 import sys
 import traceback
@@ -65,6 +74,8 @@ STRATEGY_PREPARATION = "prepare_cp_forward"
 CP_V2_SWITCH = {"SGLANG_ENABLE_CP_V2": "1"}
 # Max abs difference allowed between the path's output and the float64 reference (float32 inputs).
 TOLERANCE = 1e-4
+# Passes over the CP ranks until their simulated all-gathers agree (npusim.Collectives).
+MAX_PASSES = 4
 # sglang's FIA mask length (AscendAttnMaskBuilder: fia_mask_len = 2048).
 FIA_MASK_LEN = 2048
 _MLA_MODEL = re.compile(rb"(?i)kv_lora_rank|mla|\bdsa|_dsa|\bnsa|_nsa")
@@ -157,16 +168,20 @@ def attention_dims(model: ModelFacts | None, role: RoleFacts) -> AttentionDims:
 # ----- tensors and the independent reference ----------------------------------------------
 @dataclass
 class Workload:
-    """The batch's q (all extend tokens, batch order), its paged KV cache, and the reference output."""
+    """The batch's q, k and v (all extend tokens, batch order), its paged KV cache before the layer
+    runs, where the layer must save the extend tokens' K/V, and the reference output."""
 
     batch: tuple[Request, ...]
     q: torch.Tensor  # (T, Hq, D), T = sum of extend lengths
-    k_cache: torch.Tensor  # (slots, Hkv, D)
+    k_cache: torch.Tensor  # (slots, Hkv, D): cached prefixes in their pages, garbage elsewhere
     v_cache: torch.Tensor  # (slots, Hkv, Dv)
     block_tables: torch.Tensor  # (bs, pages) int32
     expected: torch.Tensor  # (T, Hq, Dv) float64
     request_of: list[int]  # extend token -> request index
     position_of: list[int]  # extend token -> position in its request's full sequence
+    k: torch.Tensor = None  # (T, Hkv, D): the extend tokens' keys, which the layer saves
+    v: torch.Tensor = None  # (T, Hkv, Dv)
+    slots: torch.Tensor = None  # (T,): the cache slot of each extend token (the batch's out_cache_loc)
 
 
 def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> Workload:
@@ -181,15 +196,19 @@ def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> 
     # garbage where no request's KV lives: a read outside a request's pages shows
     k_cache = 10 * torch.randn(slots, dims.kv_heads, dims.head_dim, generator=generator)
     v_cache = 10 * torch.randn(slots, dims.kv_heads, dims.v_head_dim, generator=generator)
-    queries, expected, request_of, position_of = [], [], [], []
+    queries, new_keys, new_values, new_slots, expected, request_of, position_of = [], [], [], [], [], [], []
     for index, request in enumerate(batch):
         own = [order.pop() for _ in range(pages_per_request[index])]
         block_tables[index, : len(own)] = torch.tensor(own, dtype=torch.int32)
         token_slots = torch.tensor([own[j // page] * page + j % page for j in range(request.total)])
         keys = torch.randn(request.total, dims.kv_heads, dims.head_dim, generator=generator)
         values = torch.randn(request.total, dims.kv_heads, dims.v_head_dim, generator=generator)
-        k_cache[token_slots] = keys
-        v_cache[token_slots] = values
+        # only the cached prefix is in the cache before the layer runs; the layer saves the rest
+        k_cache[token_slots[: request.prefix]] = keys[: request.prefix]
+        v_cache[token_slots[: request.prefix]] = values[: request.prefix]
+        new_keys.append(keys[request.prefix :])
+        new_values.append(values[request.prefix :])
+        new_slots.append(token_slots[request.prefix :])
         q = torch.randn(request.extend, dims.q_heads, dims.head_dim, generator=generator)
         queries.append(q)
         expected.append(causal_attention(q, keys, values, request.prefix, dims.scaling))
@@ -204,6 +223,9 @@ def workload(batch: tuple[Request, ...], dims: AttentionDims, seed: int = 0) -> 
         torch.cat(expected),
         request_of,
         position_of,
+        torch.cat(new_keys),
+        torch.cat(new_values),
+        torch.cat(new_slots),
     )
 
 
@@ -380,6 +402,12 @@ def import_modules() -> None:
     tree = processstate.imported_tree()
     if tree.module_path(BACKEND_MODULE) is not None:
         importlib.import_module(BACKEND_MODULE)
+    try:  # the NPU KV pool the layer saves its K/V to
+        from npudoctor.live import livepools
+
+        livepools.import_pool_modules()
+    except Exception as error:
+        IMPORT_ERRORS["NPU KV pools"] = f"{type(error).__name__}: {error}"
     everyone = _model_preparations(tree, None, every_model=True) + _strategy_preparations(tree)
     for preparation in everyone:
         for module in preparation.modules:
@@ -531,10 +559,28 @@ class Failure:
     # InterleaveCPStrategy.run_attention returns None and do_cp_attn_fia calls .view on it), not an
     # attribute npudoctor's stand-in backend or layer lacks
     on_none: bool = False
+    # the exception comes from a ``raise`` statement of sglang's own code (its innermost frame is
+    # sglang's, at a raise), not from a CPU reference kernel or the simulated process group sglang
+    # called, nor from an operation that failed in sglang's code
+    raised_by_sglang: bool = False
+    # the innermost frame of sglang or npudoctor code the exception passed is sglang's (it failed in
+    # sglang's own code, or in a library sglang called there), not npudoctor's (a CPU reference
+    # kernel, the simulated process group, a stand-in)
+    in_sglang_code: bool = False
+    # the sglang frames it passed through, outermost first (the last is ``location``)
+    frames: tuple[Location, ...] = ()
 
     def __str__(self) -> str:
         where = f" at {self.location.path}:{self.location.line}" if self.location else ""
         return f"{self.kind}: {self.message}{where}"
+
+    @property
+    def through(self) -> str:
+        """``; reached through a.py:1 (f) -> b.py:2 (g)``: the sglang calls that led to the raise."""
+        outer = self.frames[:-1]
+        if not outer:
+            return ""
+        return "; reached through " + " -> ".join(f"{f.path}:{f.line} ({f.symbol})" for f in outer)
 
 
 @dataclass(frozen=True)
@@ -559,6 +605,7 @@ class RankResult:
     mismatch: Mismatch | None = None
     failure: Failure | None = None
     refused: tuple[Condition, ...] = ()  # conditions that did not hold for this batch
+    reached: bool = True  # the layer ran the FIA CP attention (the entry) on this rank
 
 
 @dataclass
@@ -587,9 +634,7 @@ def _run_batches(
     run = PreparationRun(preparation)
     for batch in (SEVERAL, ONE):
         load = workload(batch, dims)
-        results = [
-            _rank_in_role(backend_cls, method, preparation, role, dims, load, r) for r in range(dims.cp_size)
-        ]
+        results = _ranks_together(backend_cls, method, preparation, role, dims, load)
         refused = next((r.refused for r in results if r.refused), ())
         if refused:
             if batch is SEVERAL:
@@ -603,6 +648,38 @@ def _run_batches(
     return run
 
 
+def _ranks_together(
+    backend_cls: type,
+    method: str,
+    preparation: Preparation,
+    role: RoleFacts,
+    dims: AttentionDims,
+    load: Workload,
+) -> list[RankResult]:
+    """Every CP rank's layer, run in this process one rank after the other, with the attention-CP
+    group's all-gathers simulated across them (``npusim.Collectives``): passes over the ranks until
+    every gather returned what every rank sent (``MAX_PASSES``), so each rank's K/V all-gather gets
+    its peers' real shares."""
+    from npudoctor.live.npusim import Collectives
+
+    collectives = Collectives(dims.cp_size)
+    results: list[RankResult] = []
+    for _ in range(MAX_PASSES):
+        collectives.begin_pass()
+        results = [
+            _rank_in_role(backend_cls, method, preparation, role, dims, load, rank, collectives)
+            for rank in range(dims.cp_size)
+        ]
+        if collectives.settled():
+            return results
+    unsettled = Failure(
+        "CannotProbe",
+        f"the CP ranks' all-gathers still sent other tensors after {MAX_PASSES} passes over the ranks",
+        None,
+    )
+    return [dataclasses.replace(r, failure=r.failure or unsettled, mismatch=None) for r in results]
+
+
 def _rank_in_role(
     backend_cls: type,
     method: str,
@@ -611,13 +688,22 @@ def _rank_in_role(
     dims: AttentionDims,
     load: Workload,
     rank: int,
+    collectives: Any,
 ) -> RankResult:
+    group = collectives.group(rank)
+
     def probe() -> RankResult:
-        with environment({**role.env, **preparation.env}), published_server_args(role), accelerator_on_cpu():
+        collectives.begin_rank(rank)  # a retry of the rank (with_parallel) sends its tensors again
+        with (
+            environment({**role.env, **preparation.env}),
+            published_server_args(role),
+            accelerator_on_cpu(),
+            attention_cp_group(group),
+        ):
             return _run_rank(backend_cls, method, preparation, dims, load, rank)
 
     try:
-        return with_parallel(probe, parallel_values(role, dims, rank))
+        return with_parallel(probe, {**parallel_values(role, dims, rank), "attn_cp_group": group})
     except Exception as error:  # setting up the role's process state failed: not a finding
         return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
 
@@ -649,17 +735,42 @@ def _run_rank(
         return RankResult(rank, failure=failure_of(error, metadata, stage="sharding"))
 
     physical = _physical_rows(metadata, rank, len(origin))
-    q = torch.zeros(physical, dims.q_heads, dims.head_dim)
-    q[: len(origin)] = load.q[origin]
-    backend = stand_in_backend(backend_cls, load, dims)
-    layer = stand_in_layer(dims)
+    q, k, v = (
+        torch.zeros(physical, *whole.shape[1:]).index_copy_(0, torch.arange(len(origin)), whole[origin])
+        for whole in (load.q, load.k, load.v)
+    )
     try:
-        attention = getattr(backend, method)
-        output = attention(q.reshape(physical, -1), load.k_cache, load.v_cache, layer, forward_batch)
+        pool = kv_pool(load, dims)
+    except Exception as error:  # the release's pool cannot be built here: not a finding
+        return RankResult(rank, failure=failure_of(error, None, stage="preparation"))
+    backend = stand_in_backend(backend_cls, load, dims, pool)
+    if "token_to_kv_pool" in {f.name for f in dataclasses.fields(forward_batch)}:
+        forward_batch.token_to_kv_pool = pool  # 0.5.11/0.5.12 save through the batch's pool
+    layer = stand_in_layer(dims)
+    reached = _traced(backend, method)
+    from npudoctor.live.npusim import npu_only_imports_bound
+
+    try:
+        with forward_context(backend), npu_only_imports_bound():
+            output = backend.forward(q.reshape(physical, -1), k, v, layer, forward_batch, save_kv_cache=True)
     except Exception as error:
         _reraise_parallel(error)
-        return RankResult(rank, failure=failure_of(error, metadata))
-    return compare(output, load, origin, blocks, rank, dims)
+        return RankResult(rank, failure=failure_of(error, metadata), reached=bool(reached))
+    return dataclasses.replace(compare(output, load, origin, blocks, rank, dims), reached=bool(reached))
+
+
+def _traced(backend: Any, method: str) -> list[bool]:
+    """Record (in the list returned) whether the layer reaches ``method`` on this backend: the
+    installed method (or a fix's replacement), called through an instance attribute."""
+    reached: list[bool] = []
+    original = getattr(backend, method)
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        reached.append(True)
+        return original(*args, **kwargs)
+
+    setattr(backend, method, traced)
+    return reached
 
 
 def _reraise_parallel(error: Exception) -> None:
@@ -670,7 +781,8 @@ def _reraise_parallel(error: Exception) -> None:
 
 
 def _forward_batch(load: Workload) -> Any:
-    """A real ``ForwardBatch`` of a pure CP extend, holding what the CP preparation reads."""
+    """A real ``ForwardBatch`` of a pure CP extend, holding what the CP preparation and the layer
+    read (``out_cache_loc``: the slots the layer saves the extend tokens' K/V to)."""
     module = importlib.import_module("sglang.srt.model_executor.forward_batch_info")
     batch = load.batch
     extend = [r.extend for r in batch]
@@ -688,7 +800,7 @@ def _forward_batch(load: Workload) -> Any:
         "extend_prefix_lens_cpu": [r.prefix for r in batch],
         "extend_num_tokens": sum(extend),
         "positions": torch.tensor(load.position_of),
-        "out_cache_loc": None,
+        "out_cache_loc": load.slots.to(torch.int64),
         "attn_cp_metadata": None,
         "global_num_tokens_cpu": None,
     }
@@ -765,9 +877,11 @@ def _physical_rows(metadata: Any, rank: int, logical: int) -> int:
     return logical
 
 
-def stand_in_backend(backend_cls: type, load: Workload, dims: AttentionDims) -> Any:
+def stand_in_backend(backend_cls: type, load: Workload, dims: AttentionDims, pool: Any = None) -> Any:
     """The installed backend class without its ``__init__`` (it needs a ModelRunner), with the
-    attributes the FIA CP path reads, set as ``__init__``/``init_forward_metadata`` set them."""
+    attributes the CP prefill layer reads, set as ``__init__``/``init_forward_metadata`` set them for
+    a GQA model with FIA and no sliding window, dLLM or sparse offload: ``token_to_kv_pool`` is the
+    role's KV pool, ``attn_cp_size`` its CP width."""
     backend = object.__new__(backend_cls)
     module = sys.modules[backend_cls.__module__]
     metadata_cls = getattr(module, "ForwardMetadata", None)
@@ -786,7 +900,95 @@ def stand_in_backend(backend_cls: type, load: Workload, dims: AttentionDims) -> 
     backend.device = torch.device("cpu")
     backend.use_fia = True
     backend.use_mla = False
+    backend.attn_cp_size = dims.cp_size
+    backend.token_to_kv_pool = pool
+    backend.is_dllm_model = False
+    backend.is_hybrid_swa = False
+    backend.use_sliding_window_kv_pool = False
+    backend.enable_sparsity_driven_kv_offload = False
     return backend
+
+
+# The KV pool sglang's model runner builds for an MHA/GQA model on Ascend.
+NPU_MHA_POOL = "NPUMHATokenToKVPool"
+
+
+def kv_pool(load: Workload, dims: AttentionDims) -> Any:
+    """The release's NPU MHA KV pool (``NPU_MHA_POOL``), built through its constructor for one layer
+    of the role's per-rank KV heads and head dims and the workload's pages, in float32, holding the
+    workload's cache: every request's cached prefix in its pages, garbage everywhere else, the
+    slots the layer must save the extend tokens' K/V to included."""
+    from npudoctor.live import livepools
+
+    found = [c for c in livepools.npu_pool_classes("mha") if c.__name__ == NPU_MHA_POOL]
+    if not found:
+        raise CannotProbe(
+            f"no {NPU_MHA_POOL} is loaded from this sglang: no KV pool to save the layer's K/V to"
+        )
+    slots = load.k_cache.shape[0]
+    pool = livepools.construct(
+        found[0],
+        {
+            "size": slots - dims.page_size,  # page 0 is the pool's padding page, on top of its size
+            "page_size": dims.page_size,
+            "dtype": torch.float32,
+            "head_num": dims.kv_heads,
+            "head_dim": dims.head_dim,
+            "v_head_dim": dims.v_head_dim,
+            "layer_num": 1,
+            "device": "cpu",
+            "enable_memory_saver": False,
+            "start_layer": 0,
+            "end_layer": 0,
+            "enable_alt_stream": False,
+            "enable_kv_cache_copy": False,
+        },
+    )
+    for buffer, content in ((pool.get_key_buffer(0), load.k_cache), (pool.get_value_buffer(0), load.v_cache)):
+        if buffer.numel() != content.numel():
+            raise CannotProbe(
+                f"{NPU_MHA_POOL} holds {tuple(buffer.shape)} per layer, not the {slots} token slots of the batch"
+            )
+        buffer.view(content.shape).copy_(content)
+    return pool
+
+
+@contextlib.contextmanager
+def forward_context(backend: Any) -> Iterator[None]:
+    """The forward context the model runner publishes around a forward (0.5.13+
+    ``model_executor/forward_context.py``: ``get_token_to_kv_pool()`` reads the backend's pool
+    there), with ``backend``; the previous one back afterwards. Releases without it: nothing."""
+    module = sys.modules.get("sglang.srt.model_executor.forward_context")
+    context_cls = getattr(module, "ForwardContext", None)
+    setter = getattr(module, "set_forward_context", None)
+    if context_cls is None or setter is None:
+        yield
+        return
+    previous = setter(context_cls(attn_backend=backend))
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
+PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+
+
+@contextlib.contextmanager
+def attention_cp_group(group: Any) -> Iterator[None]:
+    """``group`` as the process's attention-CP group (``parallel_state._ATTN_CP``, which
+    ``get_attn_cp_group()`` returns through 0.5.22; 0.5.23 reads it from the runtime parallel
+    context, where the probe's override sets ``attn_cp_group``); the previous value back after."""
+    module = sys.modules.get(PARALLEL_STATE)
+    if module is None or not hasattr(module, "_ATTN_CP"):
+        yield
+        return
+    previous = module._ATTN_CP
+    module._ATTN_CP = group
+    try:
+        yield
+    finally:
+        module._ATTN_CP = previous
 
 
 def stand_in_layer(dims: AttentionDims) -> Any:
@@ -855,22 +1057,56 @@ def compare(
 
 def failure_of(error: BaseException, metadata: Any, stage: str = "attention") -> Failure:
     """The exception and the innermost sglang frame it passed through (file:line, qualified name)."""
+    every = list(traceback.walk_tb(error.__traceback__))
     frames = [
-        (frame.f_code, line)
-        for frame, line in traceback.walk_tb(error.__traceback__)
+        Location(
+            frame.f_code.co_filename[frame.f_code.co_filename.rindex("/sglang/") + 1 :],
+            line or 0,
+            getattr(frame.f_code, "co_qualname", frame.f_code.co_name),
+        )
+        for frame, line in every
         if "/sglang/" in frame.f_code.co_filename
     ]
-    location = None
-    if frames:
-        code, line = frames[-1]
-        path = code.co_filename
-        name = getattr(code, "co_qualname", code.co_name)
-        location = Location(path[path.rindex("/sglang/") + 1 :], line or 0, name)
+    innermost = every[-1] if every else None
+    own = [f.f_code.co_filename for f, _ in every if _is_own_code(f.f_code.co_filename)]
+    in_sglang_code = bool(own) and "/sglang/" in own[-1]
+    raised_by_sglang = (
+        innermost is not None
+        and "/sglang/" in innermost[0].f_code.co_filename
+        and linecache.getline(innermost[0].f_code.co_filename, innermost[1] or 0).strip().startswith("raise")
+    )
     on_metadata = (
         isinstance(error, AttributeError) and metadata is not None and getattr(error, "obj", None) is metadata
     )
     on_none = isinstance(error, AttributeError) and "'NoneType' object" in str(error)
-    return Failure(type(error).__name__, str(error), location, on_metadata, stage, on_none)
+    return Failure(
+        type(error).__name__,
+        str(error),
+        frames[-1] if frames else None,
+        on_metadata,
+        stage,
+        on_none,
+        raised_by_sglang,
+        in_sglang_code,
+        tuple(frames),
+    )
+
+
+# Errors a layer run in the simulation may meet for want of what a real process has (a name an
+# NPU-only import binds, a module, an attribute a stand-in lacks): never a finding before the FIA CP
+# attention ran.
+ENVIRONMENT_ERRORS = (
+    "NameError",
+    "ImportError",
+    "ModuleNotFoundError",
+    "AttributeError",
+    "NotImplementedError",
+)
+
+
+def _is_own_code(path: str) -> bool:
+    """sglang's or npudoctor's code (not torch, numpy or the standard library they call)."""
+    return "/sglang/" in path or "/npudoctor/" in path or "/checks/" in path or "/fixes/" in path
 
 
 def code_location(function: Any) -> Location | None:
@@ -933,9 +1169,50 @@ def probe(
                 verdicts.append(LiveVerdict(Status.WARN, _cannot_run(entry, str(reason))))
                 continue
             for preparation in preparations:
+                skipped = _not_deployed(tree, model, role, preparation)
+                if skipped is not None:
+                    verdicts.append(skipped)
+                    continue
                 run = run_preparation(backend, entry.name, preparation, role, dims)
                 verdicts.append(_judge_live(run, role, dims, entry, function))
     return _live_probe(verdicts, entries[0], assumptions, roles)
+
+
+def _not_deployed(
+    tree: SourceTree, model: ModelFacts | None, role: RoleFacts, preparation: Preparation
+) -> LiveVerdict | None:
+    """The CP strategy's preparation is not what the role runs where the release keeps the
+    model-level one for models outside its CP-v2 list (``CP_V2_DEFAULT_MODEL_CLASSES``, 0.5.14-0.5.19;
+    sglang turns ``SGLANG_ENABLE_CP_V2`` on only for those) and the role does not set the switch: a
+    skip saying so (no model given: both run, the worst case)."""
+    from .static import CP_V2_SWITCH as CP_V2_ENV
+    from .static import cp_v2_models
+
+    if preparation.name != STRATEGY_PREPARATION or model is None or not model.architectures:
+        return None
+    listed, where = cp_v2_models(tree)
+    switch = role.env.get(CP_V2_ENV)
+    if listed is None:
+        return None
+    if switch is not None:
+        if str(switch).lower() in ("1", "true", "yes", "on"):
+            return None
+        why = f"the role sets {CP_V2_ENV}={switch}"
+    elif any(a in listed for a in model.architectures):
+        return None
+    else:
+        why = f"{'/'.join(model.architectures)} is not in {_CP_V2_MODELS} ({where}) and the role does not set {CP_V2_ENV}"
+    return LiveVerdict(
+        Status.SKIP,
+        Evidence(
+            expected=f"{preparation} to build CP metadata for role {role.name}",
+            observed=f"not used for this role (live): {why}, so sglang runs the model-level preparation",
+            location=preparation.location,
+        ),
+    )
+
+
+_CP_V2_MODELS = "CP_V2_DEFAULT_MODEL_CLASSES"
 
 
 @dataclass(frozen=True)
@@ -981,6 +1258,19 @@ def without_entry(scoped: Probe, entry_points: tuple[str, ...]) -> Probe:
         scoped.assumptions,
         scoped.roles,
     )
+
+
+def layer_text(entry: FunctionRef) -> str:
+    """What the probe runs of one CP prefill attention layer, from the backend's entry point."""
+    backend = entry.owner.name if entry.owner is not None else "the attention backend"
+    return f"{backend}.forward from q/k/v: the K/V all-gather and save into the KV pool, then {entry.name}"
+
+
+def _unreached_text(run: PreparationRun, entry: FunctionRef) -> str:
+    unreached = [r.rank for r in run.ranks if not r.reached]
+    if not unreached:
+        return ""
+    return f". The layer did not call {entry.name} on CP rank(s) {', '.join(map(str, unreached))}"
 
 
 def _cannot_run(entry: FunctionRef, reason: str, location: Location | None = None) -> Evidence:
@@ -1033,11 +1323,11 @@ def _judge_live(
         return LiveVerdict(
             Status.PASS,
             Evidence(
-                expected=f"{entry.qualname} gives every request, zigzag block and head the output of full causal "
-                f"attention over the request's whole sequence (max abs error <= {TOLERANCE:g}; float32 "
-                "inputs, float64 reference)",
+                expected=f"the CP prefill attention layer ({layer_text(entry)}) gives every request, zigzag "
+                "block and head the output of full causal attention over the request's whole sequence (max abs "
+                f"error <= {TOLERANCE:g}; float32 inputs, float64 reference)",
                 observed=f"live, CPU: {where}: every output row of every rank matches; max abs error {worst:.1e} "
-                f"over {rows} rows" + _refusal_text(run),
+                f"over {rows} rows" + _refusal_text(run) + _unreached_text(run, entry),
                 location=code_location(function),
             ),
             f"batch of {len(run.batch)} request{'s' if len(run.batch) > 1 else ''}"
@@ -1048,24 +1338,47 @@ def _judge_live(
     first = failed[0]
     also = [r.rank for r in failed[1:]]
     also_text = f"; {'rank' if len(also) == 1 else 'ranks'} {', '.join(map(str, also))} too" if also else ""
+    if first.mismatch is not None and not first.reached:
+        return LiveVerdict(
+            Status.WARN,
+            _cannot_run(
+                entry,
+                f"the layer computed other attention without calling {entry.name} (CP rank {first.rank}; "
+                f"{where}): npudoctor's stand-in backend may not model the path it took",
+            ),
+            f"cannot tell: the layer did not run {entry.name}",
+        )
     if first.mismatch is not None:
         return _mismatch_verdict(run, first, entry, function, where, also_text)
     failure = first.failure
-    defect = (
-        failure.stage == "sharding"
-        or failure.stage == "attention"
-        and (
+    if not first.reached:
+        # before the FIA CP attention ran (the K/V all-gather and save): what sglang's own code does
+        # with its own metadata and the rank's tensors is a finding (an explicit raise, a read of a
+        # field the metadata lacks, a None it returned, an operation of its own that fails: e.g. a
+        # split by lengths that do not add up), not a name or import the simulation may lack, nor an
+        # error of a CPU reference kernel or the simulated group
+        defect = (
+            failure.on_metadata
+            or failure.on_none
+            or failure.raised_by_sglang
+            or failure.in_sglang_code
+            and failure.kind not in ENVIRONMENT_ERRORS
+        )
+    else:
+        defect = (
             failure.on_metadata
             or failure.on_none
             or failure.kind not in ("AttributeError", "NotImplementedError", "CannotProbe")
+            or failure.kind == "NotImplementedError"
+            and failure.raised_by_sglang
         )
-    )
+    defect = defect and failure.stage in ("sharding", "attention")
     if not defect:
         return LiveVerdict(
             Status.WARN,
             _cannot_run(
                 entry,
-                f"{failure} during the {failure.stage} (CP rank {first.rank}; {where}){also_text}",
+                f"{failure} during the {failure.stage}{failure.through} (CP rank {first.rank}; {where}){also_text}",
                 failure.location,
             ),
             f"cannot tell: {failure.kind} during the {failure.stage}",
@@ -1075,11 +1388,12 @@ def _judge_live(
         if failure.on_metadata
         else "runs for this batch"
     )
+    subject = entry.qualname if first.reached else f"the CP prefill attention layer ({layer_text(entry)})"
     return LiveVerdict(
         Status.FAIL,
         Evidence(
-            expected=f"{entry.qualname} {what}",
-            observed=f"{failure} (live, CPU, CP rank {first.rank}; {where}){also_text}",
+            expected=f"{subject} {what}",
+            observed=f"{failure}{failure.through} (live, CPU, CP rank {first.rank}; {where}){also_text}",
             location=failure.location,
         ),
         f"{failure.kind}: {failure.message}",
@@ -1102,8 +1416,8 @@ def _mismatch_verdict(
         Evidence(
             expected=f"request {m.request} ({request}) on CP rank {rank.rank}, zigzag block {m.block}, token at "
             f"position {m.position}, head {m.head}: {m.expected:.6f}, as full causal attention gives",
-            observed=f"{entry.qualname} gave {m.got:.6f} (live, CPU); {m.wrong_rows} of {m.rows} rows of that "
-            f"rank differ by more than {TOLERANCE:g} (max abs error {rank.max_error:.3g}); {where}"
+            observed=f"the layer ({layer_text(entry)}) gave {m.got:.6f} (live, CPU); {m.wrong_rows} of {m.rows} "
+            f"rows of that rank differ by more than {TOLERANCE:g} (max abs error {rank.max_error:.3g}); {where}"
             + also_text
             + _refusal_text(run),
             location=code_location(function),
@@ -1137,7 +1451,8 @@ def _live_probe(
     parts = list(dict.fromkeys(v.summary for v in verdicts if v.status is Status.PASS))
     return Probe(
         Status.PASS,
-        f"live: {entry.qualname} computes full causal attention on every CP rank ({'; '.join(parts)})",
+        f"live: the CP prefill attention layer ({layer_text(entry)}) computes full causal attention on every "
+        f"CP rank ({'; '.join(parts)})",
         evidence,
         assumptions,
         roles,

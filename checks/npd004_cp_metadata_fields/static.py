@@ -18,7 +18,9 @@ reader's name, and through ``walker.Branches``: ``self.use_mla`` tests, ``enable
 role does not set, tests that are false on NPU) and which CP strategy its virtual calls go to;
 ``deployed_metadata`` decides which metadata class the batch holds (the strategy's under CP-v2,
 else the model-level one), so a read is checked against what the deployment's preparation really
-stores; a strategy step that only raises ``NotImplementedError`` fails.
+stores; a call on the path into a function that always raises (``walker.AlwaysRaises``: a strategy
+step that only raises ``NotImplementedError``, a helper left as a stub that calls one that only
+raises) fails, naming the call and the ``raise``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ from npudoctor.static.dataflow import (
     subclasses,
 )
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
-from npudoctor.static.walker import Branches, CallResolver, Frame, PathWalker, method_on
+from npudoctor.static.walker import (
+    AlwaysRaises,
+    Branches,
+    CallResolver,
+    Frame,
+    PathWalker,
+    RaiseSite,
+    method_on,
+)
 
 # The legacy --prefill-cp-mode values and the CP strategies they select
 # (0.5.15 server_args.ServerArgs._handle_legacy_cp_arguments).
@@ -113,6 +123,7 @@ def probe(
     statuses: list[Status] = []
     seen: set[tuple] = set()  # functions walked from an earlier entry are not walked again
     keys: set[tuple] = set()
+    raises: list[Raise] = []
     deployed, note = deployed_metadata(tree, metadata, path)
     if note:
         assumptions = (*assumptions, note)
@@ -129,6 +140,7 @@ def probe(
             deployed=deployed,
         )
         walk.walk(entry, seen)
+        raises.extend(walk.raises)
         status, found = _judge(tree, metadata, entry, walk)
         statuses.append(status)
         for item in found:  # a read reached from several entries is one finding
@@ -154,6 +166,9 @@ def probe(
                 f"runs a step the {path.strategy or 'selected'} CP strategy does not implement "
                 "(raises NotImplementedError at the first CP prefill)"
             )
+        parts.extend(
+            dict.fromkeys(raise_summary(r) for r in outermost_raises(raises) if not r.not_implemented)
+        )
         summary = f"the NPU context-parallel prefill path ({path.label}) " + "; ".join(parts)
     elif Status.WARN in statuses:
         status = Status.WARN
@@ -287,7 +302,7 @@ def deployed_metadata(
     chosen = [c for c in strategies if c.name.lower().startswith(path.strategy.lower())]
     by_strategy: set[ClassInfo] = set().union(*built.values()) if built else set()
     legacy = {c for c in metadata.classes if c not in by_strategy and c.name == METADATA_SUFFIX}
-    listed, where = _cp_v2_models(tree)
+    listed, where = cp_v2_models(tree)
     v2 = True
     reason = ""
     if listed is not None and legacy:
@@ -311,7 +326,7 @@ def deployed_metadata(
     )
 
 
-def _cp_v2_models(tree: SourceTree) -> tuple[set[str] | None, str]:
+def cp_v2_models(tree: SourceTree) -> tuple[set[str] | None, str]:
     for path in tree.files_containing(CP_V2_MODELS, under="srt"):
         module = tree.parse(path)
         if module is None:
@@ -426,13 +441,41 @@ class Split:
 
 @dataclass(frozen=True)
 class Raise:
-    """A function on the path whose body does nothing but raise (a strategy that does not
-    implement a step of the path): the first CP prefill raises there."""
+    """A call on the path into a function that always raises (``walker.AlwaysRaises``: its body,
+    or a function it always calls, ends in a ``raise`` on every path): a strategy that does not
+    implement a step of the path, or a helper a release left as a stub that only raises. The first
+    CP prefill raises there. ``site`` is the callee and the calls down to the ``raise``; ``caller``
+    is the function on the path that makes the call, at ``call_line``."""
 
-    function: FunctionRef
-    line: int
-    text: str
-    caller: str
+    site: RaiseSite
+    caller: FunctionRef
+    call_line: int
+    call: str  # the called expression, e.g. "cp_strategy.materialize_full_kv"
+
+    @property
+    def call_site(self) -> str:
+        return f"{self.call}(...) at {self.caller.where(self.call_line)}"
+
+    @property
+    def function(self) -> FunctionRef:
+        return self.site.chain[0][0]
+
+    @property
+    def raising(self) -> FunctionRef:
+        return self.site.function
+
+    @property
+    def line(self) -> int:
+        return self.site.line
+
+    @property
+    def text(self) -> str:
+        return self.site.text
+
+    @property
+    def not_implemented(self) -> bool:
+        """A step its class does not implement: ``raise NotImplementedError`` in the callee itself."""
+        return len(self.site.chain) == 1 and "NotImplementedError" in self.site.text
 
 
 @dataclass
@@ -455,6 +498,12 @@ class CPPath:
     unresolved: list[str] = field(default_factory=list)
     delegations: list[str] = field(default_factory=list)
     raises: list[Raise] = field(default_factory=list)
+    # whether a callee always raises (transitively), with the same call resolution as the walk
+    always_raises: AlwaysRaises | None = None
+
+    def __post_init__(self) -> None:
+        if self.always_raises is None:
+            self.always_raises = AlwaysRaises(self.resolver)
 
     def walk(self, entry: FunctionRef, seen: set[tuple]) -> None:
         walker = PathWalker(self.visit, max_depth=MAX_DEPTH, max_functions=MAX_FUNCTIONS, seen=seen)
@@ -609,16 +658,9 @@ class CPPath:
                 if self.excluded(callee):
                     self.branches.skipped.append(f"{callee.qualname} ({callee.where()})")
                     continue
-                raised = _raises_only(callee)
+                raised = self.always_raises(callee, callee_self)
                 if raised is not None:
-                    self.raises.append(
-                        Raise(
-                            callee,
-                            raised.lineno,
-                            ast.unparse(raised),
-                            f"{ast.unparse(node.func)}(...) at {ref.where(node.lineno)}",
-                        )
-                    )
+                    self.raises.append(Raise(raised, ref, node.lineno, ast.unparse(node.func)))
                 if callee.owner is not None and callee.owner is not ref.owner:
                     self.delegations.append(f"{ast.unparse(node.func)} -> {callee}")
                 callee_seeds, callee_carriers = _received(
@@ -729,26 +771,6 @@ def _query_splits(ref: FunctionRef) -> list[Split]:
     return found
 
 
-def _raises_only(ref: FunctionRef) -> ast.Raise | None:
-    """The ``raise NotImplementedError`` that is the whole body of ``ref`` (after its docstring)."""
-    body = [
-        s
-        for s in ref.node.body
-        if not (
-            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
-        )
-    ]
-    abstract = any(ast.unparse(d).endswith("abstractmethod") for d in ref.node.decorator_list)
-    if (
-        not abstract
-        and len(body) == 1
-        and isinstance(body[0], ast.Raise)
-        and "NotImplementedError" in ast.unparse(body[0])
-    ):
-        return body[0]
-    return None
-
-
 def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg in names), None)
 
@@ -756,6 +778,7 @@ def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
 # ----- verdict ---------------------------------------------------------------------------
 _SPLIT_EXPECTED = "q split per request"
 _RAISE_EXPECTED = "every step of the CP prefill implemented by the deployment's CP strategy"
+_CALL_EXPECTED = "every function the CP prefill path calls to return"
 
 
 def _judge(
@@ -823,17 +846,9 @@ def _judge(
                 )
             )
 
-    for raised in dict.fromkeys(walk.raises):
+    for raised in outermost_raises(walk.raises):
         failed = True
-        evidence.append(
-            Evidence(
-                expected=f"{_RAISE_EXPECTED}: {raised.function.qualname}, called by {raised.caller}, "
-                "to implement its step of the CP prefill",
-                observed=f"{raised.function.qualname} ({raised.function.where()}) only does `{raised.text}` "
-                f"(at {raised.function.where(raised.line)}): the first CP prefill on this path raises there",
-                location=Location(raised.function.relpath, raised.line, raised.function.qualname),
-            )
-        )
+        evidence.append(_raise_evidence(raised))
     if walk.unresolved:
         uncertain = True
         evidence.append(
@@ -850,6 +865,49 @@ def _judge(
     if uncertain:
         return Status.WARN, evidence
     return Status.PASS, [_pass_evidence(entry, walk, per_request, gate)]
+
+
+def outermost_raises(raises: list[Raise]) -> list[Raise]:
+    """One call per ``raise`` reached: the one whose chain is longest (the call on the path that
+    first enters code that can only raise, not the calls it makes on the way)."""
+    by_site: dict[tuple, Raise] = {}
+    for raised in raises:
+        key = (id(raised.raising.node), raised.line)
+        if key not in by_site or len(raised.site.chain) > len(by_site[key].site.chain):
+            by_site[key] = raised
+    return list(by_site.values())
+
+
+def _raise_evidence(raised: Raise) -> Evidence:
+    callee, raising = raised.function, raised.raising
+    at = Location(raising.relpath, raised.line, raising.qualname)
+    if raised.not_implemented:
+        return Evidence(
+            expected=f"{_RAISE_EXPECTED}: {callee.qualname}, called by {raised.call_site}, "
+            "to implement its step of the CP prefill",
+            observed=f"{callee.qualname} ({callee.where()}) only does `{raised.text}` "
+            f"(at {callee.where(raised.line)}): the first CP prefill on this path raises there",
+            location=at,
+        )
+    return Evidence(
+        expected=f"{_CALL_EXPECTED}: {callee.qualname}, called by {raised.caller.qualname} "
+        f"({raised.call_site})",
+        observed=f"{raised.caller.qualname} calls {callee.qualname} at {raised.caller.where(raised.call_line)}, "
+        f"which raises whatever it is passed: {raised.site.path_text()}: the first CP prefill on this path "
+        "raises there",
+        location=at,
+    )
+
+
+def raise_summary(raised: Raise) -> str:
+    """The summary part for one call into code that always raises."""
+    exception = re.match(r"raise\s+([\w.]+)", raised.text)
+    kind = exception.group(1) if exception else "an exception"
+    return (
+        f"{raised.caller.qualname} calls {raised.function.qualname} ({raised.caller.where(raised.call_line)}), "
+        f"which always raises {kind} ({raised.raising.qualname}, {raised.raising.where(raised.line)}): "
+        "the first CP prefill raises there"
+    )
 
 
 def _similar(metadata: MetadataModel, read: Read) -> str:

@@ -137,6 +137,32 @@ def npu_fused_infer_attention_score(
     return out.to(query.dtype), lse.to(query.dtype)
 
 
+def npu_scatter_nd_update_(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """``torch_npu.npu_scatter_nd_update_`` (ScatterNdUpdate, in place): ``indices`` of shape
+    ``(N, K)`` address the first ``K`` dims of ``self``, and ``self[indices[i]] = updates[i]``;
+    ``updates`` has shape ``(N, *self.shape[K:])``. Returns ``self``. Out-of-range indices raise, as
+    the kernel does not write them anywhere sensible."""
+    if indices.dim() != 2:
+        raise NotImplementedError(
+            f"CPU reference of npu_scatter_nd_update_: indices of shape {tuple(indices.shape)}, not (N, K)"
+        )
+    count, depth = indices.shape
+    if depth > self.dim() or tuple(updates.shape) != (count, *self.shape[depth:]):
+        raise ValueError(
+            f"npu_scatter_nd_update_: updates of shape {tuple(updates.shape)} for indices "
+            f"{tuple(indices.shape)} into {tuple(self.shape)}"
+        )
+    index = tuple(indices.long().unbind(dim=1))
+    for dim, positions in enumerate(index):
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.shape[dim]):
+            raise IndexError(
+                f"npu_scatter_nd_update_: index out of range for dim {dim} of size {self.shape[dim]}"
+            )
+    self[index] = updates.to(self.dtype)
+    return self
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "npu_fused_infer_attention_score": npu_fused_infer_attention_score,
+    "npu_scatter_nd_update_": npu_scatter_nd_update_,
 }

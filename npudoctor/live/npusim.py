@@ -251,3 +251,157 @@ def npu_runtime() -> Iterator[None]:
             torch.npu = previous_npu  # type: ignore[attr-defined]
         else:
             del torch.npu  # type: ignore[attr-defined]
+
+
+# ----- collectives across ranks run one after another in this process ------------------------------
+class Collectives:
+    """The collectives of one process group (e.g. the attention-CP group), for a live probe that runs
+    every rank of the group in this process, one rank after the other.
+
+    Ranks run in turn, so a rank's all-gather cannot wait for its peers' tensors. The probe runs the
+    ranks in passes instead: in each pass, rank ``r``'s ``i``-th all-gather records the tensor ``r``
+    sends and returns the concatenation (along dim 0) of every rank's ``i``-th tensor of the pass
+    before (its own of this pass in its slot; a peer with none yet stands in with ``r``'s own, and
+    the pass is then provisional). When a pass sent exactly what the pass before did and nothing in it
+    was provisional (``settled``), that pass is what the ranks would have computed together: every
+    gather returned what the real collective returns. Code whose inputs to a gather depend on an
+    earlier gather settles after one more pass; a pass with no gather at all is settled as it is."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.passes = 0
+        self._before: dict[int, list[torch.Tensor]] = {}
+        self._sent: dict[int, list[torch.Tensor]] = {}
+        self._provisional = False
+
+    def begin_pass(self) -> None:
+        self._before, self._sent = self._sent, {rank: [] for rank in range(self.world_size)}
+        self._provisional = False
+        self.passes += 1
+
+    def begin_rank(self, rank: int) -> None:
+        """``rank`` runs (again) in this pass: what it sent before in this pass is forgotten."""
+        self._sent[rank] = []
+
+    def settled(self) -> bool:
+        """This pass's gathers all returned what every rank sent in this pass."""
+        if not any(self._sent.values()):
+            return True
+        if self._provisional:
+            return False
+        return all(
+            len(self._before.get(rank, [])) == len(sent)
+            and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(self._before[rank], sent))
+            for rank, sent in self._sent.items()
+        )
+
+    def group(self, rank: int) -> SimulatedGroup:
+        return SimulatedGroup(self, rank)
+
+    def all_gather(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's tensor of this call, concatenated along dim 0 (see the class docstring)."""
+        index = len(self._sent[rank])
+        self._sent[rank].append(tensor.detach().clone())
+        pieces = []
+        for peer in range(self.world_size):
+            before = self._before.get(peer, [])
+            if peer == rank:
+                pieces.append(tensor)
+            elif index < len(before) and before[index].shape == tensor.shape:
+                pieces.append(before[index].to(tensor.dtype))
+            else:
+                self._provisional = True
+                pieces.append(tensor)
+        return torch.cat(pieces, dim=0)
+
+
+class SimulatedGroup:
+    """One rank's view of a ``Collectives`` group, with the methods of sglang's ``GroupCoordinator``
+    that the probed paths call for an all-gather. Any other collective raises
+    ``NotImplementedError`` naming it: a probe never passes on a collective this does not model."""
+
+    def __init__(self, collectives: Collectives, rank: int):
+        self._collectives = collectives
+        self.rank_in_group = rank
+        self.rank = rank
+        self.local_rank = rank
+        self.world_size = collectives.world_size
+        self.ranks = list(range(collectives.world_size))
+        self.pynccl_comm = None
+        self.device_group = None
+        self.cpu_group = None
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
+        gathered = self._collectives.all_gather(self.rank, input)
+        if output.numel() != gathered.numel():
+            raise ValueError(
+                f"all_gather_into_tensor: output of shape {tuple(output.shape)} for {self.world_size} "
+                f"ranks x input of shape {tuple(input.shape)}"
+            )
+        output.copy_(gathered.reshape(output.shape))
+
+    def cp_all_gather_into_tensor_async(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        stream: Any = None,
+    ) -> None:
+        self.all_gather_into_tensor(output, input)
+
+    def all_gather(
+        self, input_: torch.Tensor, dim: int = -1, output_tensor_list: list[torch.Tensor] | None = None
+    ) -> torch.Tensor | None:
+        gathered = self._collectives.all_gather(self.rank, input_.unsqueeze(0))
+        if output_tensor_list is not None:
+            for target, piece in zip(output_tensor_list, gathered):
+                target.copy_(piece)
+            return None
+        return torch.cat(list(gathered), dim=dim)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotImplementedError(f"simulated process group: {name} is not modelled")
+
+
+@contextlib.contextmanager
+def npu_only_imports_bound(prefix: str = "sglang") -> Iterator[list[str]]:
+    """``torch_npu`` bound in the loaded modules under ``prefix`` that import it only on an NPU
+    (``if is_npu(): import torch_npu``, sglang's memory_pool_npu.py since 0.5.13) and so lack it
+    here: on Ascend that import runs when the module is imported, while in the simulation
+    ``is_npu()`` is False at import time (see the module docstring). Bound to the ``torch_npu`` the
+    process has (the stand-in, carrying the CPU kernels inside ``npu_runtime()``) for the block
+    only; yields the modules bound. Nothing is done where torch_npu is the real one."""
+    standin = sys.modules.get("torch_npu")
+    if standin is None or not getattr(standin, STANDIN_MARK, False):
+        yield []
+        return
+    bound = [
+        module
+        for name, module in list(sys.modules.items())
+        if (name == prefix or name.startswith(prefix + "."))
+        and module is not None
+        and "torch_npu" not in vars(module)
+        and _imports_torch_npu(getattr(module, "__file__", None))
+    ]
+    for module in bound:
+        module.torch_npu = standin
+    try:
+        yield [module.__name__ for module in bound]
+    finally:
+        for module in bound:
+            vars(module).pop("torch_npu", None)
+
+
+_IMPORTS_TORCH_NPU: dict[str, bool] = {}
+
+
+def _imports_torch_npu(path: str | None) -> bool:
+    if not path or not path.endswith(".py"):
+        return False
+    if path not in _IMPORTS_TORCH_NPU:
+        try:
+            _IMPORTS_TORCH_NPU[path] = b"import torch_npu" in Path(path).read_bytes()
+        except OSError:
+            _IMPORTS_TORCH_NPU[path] = False
+    return _IMPORTS_TORCH_NPU[path]

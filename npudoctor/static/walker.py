@@ -20,6 +20,11 @@ so the walk is here once:
 * ``Branches`` decides the branches: a call under ``if self.use_mla`` for another attention
   family, under a test that is false on an NPU, or under ``if <x>.enable_<feature>`` the role
   does not enable is not on the deployment's path.
+* ``AlwaysRaises`` tells a function that raises whatever it is passed (every path through its
+  body ends in a ``raise`` or in a call to such a function, transitively), with the calls down
+  to the ``raise`` (``RaiseSite``): a call on the path into one dies there (sglang 0.5.20 left
+  ``cp_utils.cp_all_gather_rerange_kv_cache`` as a stub that calls ``_deprecated_platform_cp()``,
+  which only raises, while the NPU CP prefill still calls it).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from npudoctor.static.dataflow import (
     nested_function,
     subclasses,
 )
-from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree, flatten_conditional
 
 
 # ----- the walk -------------------------------------------------------------------------------
@@ -369,3 +374,210 @@ def _false_on_npu(function: FunctionRef) -> bool:
 
 def _is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
+
+
+# ----- functions that always raise ---------------------------------------------------------------
+@dataclass(frozen=True)
+class RaiseSite:
+    """Where calling a function ends, whatever it is passed: ``chain`` is the function and each
+    function it calls on the way, each with its line (the call into the next; for the last, the
+    ``raise``); ``text`` is that ``raise`` statement."""
+
+    chain: tuple[tuple[FunctionRef, int], ...]
+    text: str
+
+    @property
+    def function(self) -> FunctionRef:
+        return self.chain[-1][0]
+
+    @property
+    def line(self) -> int:
+        return self.chain[-1][1]
+
+    def path_text(self) -> str:
+        """``f calls g (b.py:8) at a.py:3, which does `raise E(...)` at b.py:9``: each call on the way
+        (the callee's definition and the call), then the raise, with file:line."""
+        steps = [
+            f"calls {callee.qualname} ({callee.where()}) at {function.where(line)}"
+            for (function, line), (callee, _) in zip(self.chain, self.chain[1:])
+        ]
+        steps.append(f"does `{self.text}` at {self.function.where(self.line)}")
+        return f"{self.chain[0][0].qualname} " + ", which ".join(steps)
+
+
+class AlwaysRaises:
+    """Whether calling a function raises whatever it is passed: every path through its body ends in
+    a ``raise`` (or ``assert False``), or in a call to a function that always raises (this question,
+    asked again of the callee: the property is transitive). Only what runs unconditionally counts:
+    a ``raise`` under an ``if`` whose other branch can complete, after a statement that may
+    ``return``, inside a loop, in a ``try`` whose handler may swallow it, or a call inside a
+    conditional expression, a short-circuit operand, a lambda or a comprehension, does not.
+
+    Calls resolve with ``CallResolver`` (through the MRO of the class the function runs on, names,
+    imports, typed receivers); a virtual call always raises only if every implementation does. Not
+    counted as raising: generator and ``async`` functions (calling one runs nothing), abstract
+    methods, and a function defined more than once in its module or class body (a definition under
+    ``if`` for one platform and another for the rest: which runs is not known statically).
+    Answers are cached per (function, class)."""
+
+    MAX_DEPTH = 8
+
+    def __init__(self, resolver: CallResolver):
+        self.resolver = resolver
+        self._known: dict[tuple[int, int], RaiseSite | None] = {}
+
+    def __call__(
+        self, ref: FunctionRef, self_cls: ClassInfo | None = None, _depth: int = 0
+    ) -> RaiseSite | None:
+        key = (id(ref.node), id(self_cls))
+        if key in self._known:
+            return self._known[key]
+        self._known[key] = None  # a recursive call while this one is open: not known to raise
+        found = None
+        if _depth <= self.MAX_DEPTH and self._may_raise_on_call(ref):
+            found = self._block(ref.node.body, ref, self_cls, _depth)
+        self._known[key] = found
+        return found
+
+    @staticmethod
+    def _may_raise_on_call(ref: FunctionRef) -> bool:
+        node = ref.node
+        if isinstance(node, ast.AsyncFunctionDef):
+            return False
+        if any(ast.unparse(d).rpartition(".")[2] == "abstractmethod" for d in node.decorator_list):
+            return False
+        if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(node)):
+            return False
+        return _defined_once(ref)
+
+    def _block(
+        self, body: list[ast.stmt], ref: FunctionRef, self_cls: ClassInfo | None, depth: int
+    ) -> RaiseSite | None:
+        """How ``body`` always raises, if it does: the first statement that always raises, reached
+        with no statement before it that may leave the block otherwise."""
+        for stmt in body:
+            found = self._statement(stmt, ref, self_cls, depth)
+            if found is not None:
+                return found
+            if _may_leave(stmt):
+                return None
+        return None
+
+    def _statement(
+        self, stmt: ast.stmt, ref: FunctionRef, self_cls: ClassInfo | None, depth: int
+    ) -> RaiseSite | None:
+        if isinstance(stmt, ast.Raise):
+            return RaiseSite(((ref, stmt.lineno),), ast.unparse(stmt))
+        if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Constant) and not stmt.test.value:
+            return RaiseSite(((ref, stmt.lineno),), ast.unparse(stmt))
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return None  # a definition runs no body
+        if isinstance(stmt, ast.If):
+            found = self._calls_in(stmt.test, ref, self_cls, depth)
+            if found is not None:
+                return found
+            body = self._block(stmt.body, ref, self_cls, depth)
+            orelse = self._block(stmt.orelse, ref, self_cls, depth) if stmt.orelse else None
+            return body if body is not None and orelse is not None else None
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                found = self._calls_in(item.context_expr, ref, self_cls, depth)
+                if found is not None:
+                    return found
+            return self._block(stmt.body, ref, self_cls, depth)
+        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            final = self._block(stmt.finalbody, ref, self_cls, depth) if stmt.finalbody else None
+            if final is not None:
+                return final
+            body = self._block(stmt.body, ref, self_cls, depth)
+            handled = all(self._block(h.body, ref, self_cls, depth) is not None for h in stmt.handlers)
+            return body if body is not None and handled else None
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            return self._calls_in(stmt.iter, ref, self_cls, depth)  # the body may run no time
+        if isinstance(stmt, ast.While):
+            return self._calls_in(stmt.test, ref, self_cls, depth)
+        if isinstance(stmt, (ast.Expr, ast.Return, ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            value = stmt.value
+            return None if value is None else self._calls_in(value, ref, self_cls, depth)
+        return None
+
+    def _calls_in(
+        self, expr: ast.expr, ref: FunctionRef, self_cls: ClassInfo | None, depth: int
+    ) -> RaiseSite | None:
+        """The first call evaluated whenever ``expr`` is that always raises, if one does."""
+        for call in _unconditional_calls(expr):
+            targets = self.resolver.resolve(ref, self_cls, call)
+            if not targets:
+                continue
+            sites = [self(callee, callee_self, depth + 1) for callee, callee_self, _ in targets]
+            if all(site is not None for site in sites):
+                return RaiseSite(((ref, call.lineno), *sites[0].chain), sites[0].text)
+        return None
+
+
+def always_raises(ref: FunctionRef, self_cls: ClassInfo | None = None) -> RaiseSite | None:
+    """``AlwaysRaises`` for one question, with calls resolved in ``ref``'s tree."""
+    return AlwaysRaises(CallResolver(ref.tree))(ref, self_cls)
+
+
+def _unconditional_calls(expr: ast.expr) -> list[ast.Call]:
+    """The calls evaluating ``expr`` always makes, in evaluation order (a call's function and
+    arguments before the call): not inside a lambda, a comprehension, the branches of a conditional
+    expression or a short-circuit operand after the first."""
+    found: list[ast.Call] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.IfExp):
+            visit(node.test)
+            return
+        if isinstance(node, ast.BoolOp):
+            visit(node.values[0])
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+        if isinstance(node, ast.Call):
+            found.append(node)
+
+    visit(expr)
+    return found
+
+
+def _may_leave(stmt: ast.stmt) -> bool:
+    """``stmt`` may end the function early (a ``return`` in it, outside nested functions): what
+    follows it is not unconditional. (Loop bodies are never walked as blocks, so a ``break`` or
+    ``continue`` only ends a loop inside ``stmt``, after which the block goes on.)"""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    return any(isinstance(n, ast.Return) for n in [stmt, *_own_nodes(stmt)])
+
+
+def _own_nodes(node: ast.AST) -> list[ast.AST]:
+    """The nodes under ``node``, not descending into nested functions, classes or lambdas."""
+    found = []
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        found.append(child)
+        stack.extend(ast.iter_child_nodes(child))
+    return found
+
+
+def _defined_once(ref: FunctionRef) -> bool:
+    """``ref``'s name is defined once in the body that defines it (module, class or function)."""
+    if ref.owner is not None:
+        body = ref.owner.node.body
+    elif ref.outer is not None:
+        body = [n for n in _own_nodes(ref.outer.node) if isinstance(n, ast.stmt)]
+    else:
+        module = ref.tree.parse(ref.path)
+        body = module.body if module is not None else []
+    definitions = [
+        s
+        for s in (body if ref.outer is not None else flatten_conditional(body))
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == ref.name
+    ]
+    return len(definitions) <= 1

@@ -1,6 +1,7 @@
-"""NPD004 live: sglang's own CP metadata preparation and the installed ``do_cp_attn_fia``,
-run on CPU for every CP rank of the deployment, on real releases and on the synthetic
-"0.5.13+cp-gap" state (sglang#26705), compared with causal attention computed independently."""
+"""NPD004 live: sglang's own CP metadata preparation and one whole CP prefill attention layer of
+the installed release (the K/V all-gather and save, then ``do_cp_attn_fia``), run on CPU for every
+CP rank of the deployment, on real releases and on the synthetic "0.5.13+cp-gap" state
+(sglang#26705), compared with causal attention computed independently."""
 
 from __future__ import annotations
 
@@ -186,7 +187,9 @@ def test_per_request_lengths_for_cumulative_ends_are_a_numerical_mismatch(cli, r
         "request 1 (158 tokens after a cached 133-token prefix) on CP rank 0, zigzag block 0, token at position "
     )
     assert "as full causal attention gives" in mismatch["expected"]
-    got = re.search(r"do_cp_attn_fia gave (\S+) \(live, CPU\); (\d+) of 102 rows", mismatch["observed"])
+    got = re.search(
+        r"then do_cp_attn_fia\) gave (\S+) \(live, CPU\); (\d+) of 102 rows", mismatch["observed"]
+    )
     want = re.search(r"head \d+: (\S+), as full", mismatch["expected"])
     assert got and want and abs(float(got.group(1)) - float(want.group(1))) > live.TOLERANCE
     assert f"{SEVERAL}, {RANKS}; rank 1 too" in mismatch["observed"]
