@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -327,11 +328,12 @@ def run_checks(
     """
     results = []
     statics = statics or {}
+    upgrade = functools.cache(lambda: _deployment_upgrade(target, facts))  # one answer per run, if asked
     with collector_paused():
         for check in checks:
             try:
                 result = check.run(target, facts, depth, live, statics.get(check.id))
-                result = _with_history(check, result, target, facts)
+                result = _with_history(check, result, target, facts, upgrade)
             except Exception as error:  # a broken check must not hide the others' findings
                 result = check.error_result(error)
             results.append(result)
@@ -340,16 +342,22 @@ def run_checks(
     return results
 
 
-def _with_history(check: Check, result: Result, target: Target, facts: Facts) -> Result:
+def _with_history(
+    check: Check, result: Result, target: Target, facts: Facts, upgrade: Callable[[], history.Upstream]
+) -> Result:
     """A finding's remediation with the release history for this deployment: where the check's
-    property holds, and the one release every check in the deployment's scope holds from (all
-    checks, not only those run: ``--select`` must not recommend a release another check fails)."""
+    property holds, and (``upgrade``) the one release every check in the deployment's scope holds from."""
     if result.remediation is None or not check.upstream_history:
         return result
-    in_scope = [c.id for c in all_checks() if c.upstream_history and c.out_of_scope(facts) is None]
     own = history.upstream(check.id, facts, target.version)
-    deployment = history.deployment_upgrade(in_scope, facts, target.version)
-    return dataclasses.replace(result, remediation=check.remediation(own, deployment))
+    return dataclasses.replace(result, remediation=check.remediation(own, upgrade()))
+
+
+def _deployment_upgrade(target: Target, facts: Facts) -> history.Upstream:
+    """The first release from which every check in the deployment's scope holds: all checks, not only
+    those run (``--select`` must not recommend a release another check fails)."""
+    in_scope = [c.id for c in all_checks() if c.upstream_history and c.out_of_scope(facts) is None]
+    return history.deployment_upgrade(in_scope, facts, target.version)
 
 
 def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str) -> dict[str, Probe]:
