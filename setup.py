@@ -13,15 +13,16 @@ command npudoctor prints names files that exist.
 from setuptools import find_packages, setup
 
 setup(
-    package_dir={"npudoctor": "npudoctor", "npudoctor.checks": "checks", "npudoctor.fixes": "fixes"},
+    package_dir={"npudoctor": "npudoctor", "npudoctor.checks": "checks", "npudoctor.fixes": "fixes", "npudoctor.catalog": "catalog"},
     packages=[
         *find_packages(include=["npudoctor", "npudoctor.*"]),  # the engine's packages
         "npudoctor.patching.bootstrap",
         "npudoctor.fixes",
         "npudoctor.checks",
+        "npudoctor.catalog",
         *(f"npudoctor.checks.{name}" for name in find_packages(where="checks")),
     ],
     # every release's ServerArgs fields and flags (scripts/server_args_history.py writes it); the live
     # depth's requirements and constraints (`npudoctor env` and the live depth print their paths)
-    package_data={"npudoctor": ["data/*.json", "data/*.txt"]},
+    package_data={"npudoctor": ["data/*.json", "data/*.txt"], "npudoctor.catalog": ["*.yaml", "README.md"]},
 )

@@ -60,6 +60,9 @@ class ModelFacts:
     sliding_window: int | None = None
     hybrid_linear_layers: int = 0  # mamba / linear-attention layers beside full attention
     nextn_layers: int = 0  # MTP layers a speculative draft can use
+    # the config.json keys and values (a multimodal wrapper's text_config merged in), for the
+    # catalog's predicates (``npudoctor.deployment.predicate``); not in the report
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], source: str) -> ModelFacts:
@@ -117,6 +120,7 @@ class ModelFacts:
                 or _optional_int(text, "mtp_num_hidden_layers", source)
                 or 0
             ),
+            hf_config=text,
         )
 
 
@@ -188,6 +192,7 @@ class Facts:
         data["model"] = asdict(self.model) if self.model else None
         if self.model:
             data["model"]["attention"] = self.model.attention.value
+            data["model"].pop("hf_config")  # the model's own file; the facts above are what was read
         data["roles"] = []
         for role in self.roles:
             entry = asdict(role)

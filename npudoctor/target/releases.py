@@ -94,6 +94,27 @@ def index_versions(cache: Path) -> tuple[list[str], str]:
     return sorted((v for v in names if is_final(v)), key=version_key), note
 
 
+_PUBLISHED = re.compile(r"\d+(\.\d+)*(\.post\d+)?")
+
+
+def published_releases(since: str, cache: Path) -> list[str]:
+    """Every release from ``since`` to the newest, post-releases included (no pre-releases), in
+    PyPI order: what the catalog's release ranges are derived over (``scripts/catalog_ranges.py``)."""
+    names = (
+        json.loads((cache / "pypi-sglang.json").read_text()) if (cache / "pypi-sglang.json").is_file() else []
+    )
+    if not names:
+        index_versions(cache)
+        names = json.loads((cache / "pypi-sglang.json").read_text())
+
+    def key(version: str) -> tuple[tuple[int, ...], int]:
+        final, _, post = version.partition(".post")
+        return version_key(final), int(post or -1)
+
+    found = sorted((v for v in names if _PUBLISHED.fullmatch(v)), key=key)
+    return [v for v in found if key(v) >= key(since)]
+
+
 def releases(since: str, cache: Path) -> list[str]:
     """Every final release from ``since`` to the newest, oldest first."""
     versions, _ = index_versions(cache)

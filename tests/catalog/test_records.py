@@ -1,0 +1,67 @@
+"""Every catalog record against the releases its truth file names (``tests/data/catalog/<id>.yaml``,
+verified by reading the wheels, never derived by npudoctor): the release that ships the defect ->
+``fail`` at exactly the file:line the truth names, for a deployment that triggers it; the first
+fixed release -> ``pass``; a deployment that cannot trigger it -> ``skip``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npudoctor.deployment.load import from_yaml
+from npudoctor.engine.catalog import all_records
+from npudoctor.results import Status
+from npudoctor.target.discovery import discover
+
+TRUTHS = Path(__file__).resolve().parents[1] / "data" / "catalog"
+RECORDS = {r.id: r for r in all_records()}
+
+
+def truth(record_id: str) -> dict:
+    return yaml.safe_load((TRUTHS / f"{record_id}.yaml").read_text())
+
+
+def facts_of(deployment: dict, tmp_path: Path, name: str):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(deployment))
+    return from_yaml(path, shell={}).facts
+
+
+def verdict(record_id: str, version: str, deployment: dict, release, tmp_path: Path, name: str):
+    target = discover(release(version) / "sglang")
+    return RECORDS[record_id].run(target, facts_of(deployment, tmp_path, name), "static")
+
+
+def test_every_record_has_a_truth_file_and_every_truth_a_record():
+    assert sorted(p.stem for p in TRUTHS.glob("*.yaml")) == sorted(RECORDS)
+
+
+@pytest.mark.parametrize("record_id", sorted(RECORDS))
+def test_a_release_that_ships_it_fails_at_the_verified_line(record_id, release, tmp_path):
+    known = truth(record_id)
+    result = verdict(record_id, known["ships_in"]["release"], known["trigger"], release, tmp_path, "trigger")
+    assert result.status is Status.FAIL, result.summary
+    where = [f"{e.location.path}:{e.location.line}" for e in result.evidence if e.location]
+    assert where == [known["ships_in"]["at"]], where
+    assert result.remediation is not None and result.remediation.advice
+
+
+@pytest.mark.parametrize("record_id", sorted(r for r in RECORDS if "fixed_in" in truth(r)))
+def test_the_fixed_release_passes(record_id, release, tmp_path):
+    known = truth(record_id)
+    result = verdict(record_id, known["fixed_in"]["release"], known["trigger"], release, tmp_path, "trigger")
+    assert result.status is Status.PASS, result.summary
+    if known["fixed_in"].get("at"):
+        where = [f"{e.location.path}:{e.location.line}" for e in result.evidence if e.location]
+        assert where == [known["fixed_in"]["at"]], where
+
+
+@pytest.mark.parametrize("record_id", sorted(RECORDS))
+def test_a_deployment_that_cannot_trigger_it_is_skipped(record_id, release, tmp_path):
+    known = truth(record_id)
+    result = verdict(
+        record_id, known["ships_in"]["release"], known["untouched"], release, tmp_path, "untouched"
+    )
+    assert result.status is Status.SKIP, result.summary
