@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -13,13 +14,43 @@ from npudoctor.cli.options import DataFormat
 from npudoctor.errors import InputError
 
 
+class ListFormat(str, Enum):
+    text = "text"
+    json = "json"
+    osv = "osv"
+
+
 @takes_deployment
-def list_checks(deployment: DeploymentOptions) -> None:
-    """List every check: id, what the release history says, title, upstream references.
+def list_checks(
+    deployment: DeploymentOptions,
+    output_format: Annotated[
+        ListFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="text; json (every check and catalog record); osv (the catalog as OSV records, a JSON list).",
+        ),
+    ] = ListFormat.text,
+) -> None:
+    """List every check and every record of the known-defect catalog: id, what the release history
+    says, title, upstream references.
 
     With a deployment (given as check takes it), the release history is the deployment's: the
     witness deployments of its attention kind and FIA setting, as check reads it."""
     from npudoctor.engine.check import all_checks
+
+    if output_format is not ListFormat.text:
+        import json
+
+        from npudoctor.formatters import osv
+
+        output.require_stdout()
+        items = all_checks()
+        data = (
+            osv.osv_records(items) if output_format is ListFormat.osv else [osv.check_entry(c) for c in items]
+        )
+        output.write(json.dumps(data, indent=2) + "\n")
+        return
     from npudoctor.formatters import listing
 
     listing.print_list(output.console(), all_checks(), _facts(deployment))

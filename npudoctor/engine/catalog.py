@@ -166,6 +166,8 @@ class CatalogRecord(Check):
         self.releases: dict[str, tuple[str, ...]] = {
             kind: tuple(str(v) for v in (data.get("releases") or {}).get(kind) or ()) for kind in RANGE_KINDS
         }
+        # when the ranges were last derived (OSV's ``modified``): scripts/catalog_ranges.py writes it
+        self.modified = str((data.get("releases") or {}).get("derived") or "1970-01-01T00:00:00Z")
         self.notes = str(data.get("notes", "")).strip()
         self.why = f"{self.summary} ({BREAKS[self.breaks]})"
         self.how_to_fix = self._how_to_fix()
@@ -196,7 +198,7 @@ class CatalogRecord(Check):
                     return SourceVerdict(kind, sites)
         symbols = self.defective.symbols + (self.fixed.symbols if self.fixed else [])
         for symbol in symbols:
-            found = fingerprints.definitions(tree, symbol)
+            found = fingerprints.definitions(tree, symbol, names=catalog_names())
             if found:
                 return SourceVerdict("unrecognised", found[0].site(symbol))
         return SourceVerdict("absent")
@@ -309,7 +311,9 @@ def _all_match(tree, alternative: tuple[Fingerprint, ...]) -> fingerprints.Site 
         hit = next(
             (
                 d
-                for d in fingerprints.definitions(tree, fingerprint.symbol, fingerprint.under)
+                for d in fingerprints.definitions(
+                    tree, fingerprint.symbol, fingerprint.under, catalog_names()
+                )
                 if fingerprints.matches(d, fingerprint)
             ),
             None,
@@ -319,6 +323,19 @@ def _all_match(tree, alternative: tuple[Fingerprint, ...]) -> fingerprints.Site 
         if first is None:
             first = hit.site(fingerprint.symbol, fingerprints.deciding_line(hit, fingerprint))
     return first
+
+
+@functools.lru_cache(maxsize=1)
+def catalog_names() -> frozenset[str]:
+    """The top-level names every record's fingerprints look up: one pass over a tree finds them all."""
+    return frozenset(
+        fp.symbol.split(".")[0]
+        for record in all_records()
+        for shape in (record.defective, record.fixed)
+        if shape is not None
+        for alternative in shape.alternatives
+        for fp in alternative
+    )
 
 
 @functools.lru_cache(maxsize=1)

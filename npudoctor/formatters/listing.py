@@ -28,6 +28,10 @@ def fixed_in_history(item, facts=None) -> str:
     from npudoctor.deployment.facts import NO_DEPLOYMENT
     from npudoctor.target import history
 
+    if getattr(item, "is_catalog_record", False):  # its own ranges, derived from the wheels
+        if item.first_fixed:
+            return f"fixed in {item.first_fixed}"
+        return f"not fixed as of {item.newest_checked}" if item.releases["affected"] else "-"
     if not item.upstream_history:
         return "-"
     found = history.upstream(item.id, facts or NO_DEPLOYMENT, None)
@@ -90,10 +94,33 @@ def explain_markdown(item, full: bool = False, facts=None) -> str:
     else:
         record = f"- Release history npudoctor checked: {_prose(answer)}"
         lines += [record + (f" (on {_prose(', '.join(witnesses))})." if witnesses else "."), ""]
+    if getattr(item, "is_catalog_record", False):
+        lines += _record_markdown(item, full)
+        return "\n".join(lines)
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()
     if full and doc:
         lines += ["### What the check tests", "", _markdown(doc), ""]
     return "\n".join(lines)
+
+
+def _record_markdown(record, full: bool) -> list[str]:
+    """A catalog record's releases (derived from the wheels) and, with ``full``, how npudoctor tells."""
+    affected = record.releases["affected"]
+    lines = ["### Releases that ship it (derived from every wheel)", ""]
+    lines += [f"- {_prose(', '.join(affected))}" if affected else "- none of the releases checked", ""]
+    if record.notes:
+        lines += [_markdown(record.notes), ""]
+    if full:
+        lines += ["### How npudoctor tells", ""]
+        lines += [
+            f"- Defective code: {_prose(record.defective.says)} ({_prose(', '.join(record.defective.symbols))})"
+        ]
+        if record.fixed is not None:
+            lines += [
+                f"- Fixed code: {_prose(record.fixed.says)} ({_prose(', '.join(record.fixed.symbols))})"
+            ]
+        lines += [f"- Bites when (per role): `{record.predicate_text}`", ""]
+    return lines
 
 
 def explain_renderable(item, full: bool = False, facts=None) -> RenderableType:

@@ -23,6 +23,7 @@ from npudoctor.errors import InputError
 from npudoctor.results import Report, Status
 from npudoctor.service.evaluate import evaluate, reuse
 from npudoctor.service.planning import Action, UserOptions, decisions, recorded_fixes
+from npudoctor.service.workarounds import with_workaround
 from npudoctor.target.discovery import discover, require_ascend_backend
 from npudoctor.target.serverargs import validate_arguments
 
@@ -116,7 +117,7 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
-    results = ignores.apply(evaluation.results, entries, request.today)
+    results = ignores.apply(_with_workarounds(evaluation.results, checks, request), entries, request.today)
     live_summary = _live_summary(evaluation.live)
     if live_summary is not None and "reason" in live_summary:
         live_summary["reason"] = redact_value(live_summary["reason"])
@@ -130,6 +131,16 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         depth=request.depth,
         recorded_fixes=recorded.summary(evaluation.results, evaluation.live) if recorded else None,
     )
+
+
+def _with_workarounds(results, checks: list[Check], request: CheckRequest) -> list:
+    """Each catalog finding's workaround in the form the user gave the deployment (``service.workarounds``)."""
+    records = {c.id: c for c in checks if getattr(c, "is_catalog_record", False)}
+    config = str(request.config) if request.config is not None else None
+    return [
+        with_workaround(r, records[r.id], config, request.launch_command) if r.id in records else r
+        for r in results
+    ]
 
 
 def live_steps(say, target) -> Callable[[str], None]:

@@ -16,7 +16,10 @@ the innermost statement whose own text matches the first pattern that decided.
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,27 +74,100 @@ class Definition:
         return Site(self.relpath, line or _first_line(self.node), symbol)
 
 
-def definitions(tree: SourceTree, symbol: str, under: str = "") -> list[Definition]:
-    """Every definition of ``symbol`` (``A.b``: method ``b`` of a class ``A``; nested classes
-    and functions are not followed) in the target, in file order."""
-    parts = symbol.split(".")
+def definitions(
+    tree: SourceTree, symbol: str, under: str = "", names: frozenset[str] = frozenset()
+) -> list[Definition]:
+    """Every definition of ``symbol`` (``A.b``: method ``b`` of a class ``A``; nested classes and
+    functions are not followed) in the target, in file order. ``names``: every top-level name the
+    caller will ask about (the whole catalog's): the files defining them are found in one pass."""
     memo = tree.memo.setdefault("fingerprints.definitions", {})
     key = (symbol, under)
-    if key in memo:
-        return memo[key]  # type: ignore[return-value]
-    last = parts[-1]
-    needles = (f"def {last}(", f"class {last}")
-    sub = under.removeprefix("sglang/").removeprefix("sglang")
-    candidates = {path for needle in needles for path in tree.files_containing(needle, sub.strip("/"))}
-    found = []
-    for path in sorted(candidates):
-        module = tree.parse(path)
-        if module is None:
-            continue
-        for node in _resolve(module.body, parts):
-            found.append(Definition(path, tree.relpath(path), node, ast.unparse(node)))
-    memo[key] = found
+    if key not in memo:
+        parts = symbol.split(".")
+        found = []
+        for path, offsets in _defining_files(tree, parts[0], names | {parts[0]}, under):
+            for node in _top_level(tree, path, offsets, parts[0]):
+                for hit in _resolve([node], parts):
+                    found.append(Definition(path, tree.relpath(path), hit, ast.unparse(hit)))
+        memo[key] = found
+    return memo[key]  # type: ignore[return-value]
+
+
+# A line that defines a name at any indentation (a top-level name under ``if``/``try`` is indented).
+_DEFINES = r"(?m)^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+({names})\b"
+# sglang.multimodal_gen, the diffusion server (a third of 0.5.23's source), runs no NPU LLM path:
+# never searched
+_ELSEWHERE = os.sep + "multimodal_gen" + os.sep
+
+
+def _defining_files(
+    tree: SourceTree, name: str, names: frozenset[str], under: str
+) -> list[tuple[Path, list[int]]]:
+    """The files that define ``name`` and the offsets of those lines, from one regex pass over
+    the tree for all of ``names`` (a pass per name would read the tree dozens of times)."""
+    memo = tree.memo.setdefault("fingerprints.index", {})
+    if name not in memo.get("names", ()):
+        wanted = sorted(names | set(memo.get("names", ())))
+        pattern = re.compile(_DEFINES.format(names="|".join(map(re.escape, wanted))).encode())
+        index: dict[str, list[tuple[Path, list[int]]]] = {n: [] for n in wanted}
+        for path in tree.files:
+            if _ELSEWHERE in path:
+                continue
+            hits: dict[str, list[int]] = {}
+            data = tree.read(path)
+            if b"def " not in data and b"class " not in data:
+                continue
+            for match in pattern.finditer(data):
+                hits.setdefault(match.group(1).decode(), []).append(match.start())
+            for hit, offsets in hits.items():
+                index[hit].append((Path(path), offsets))
+        memo["names"] = frozenset(wanted)
+        memo["index"] = index
+    found = memo["index"].get(name, [])  # type: ignore[union-attr]
+    if under:
+        sub = os.path.join(tree.package_dir, under.removeprefix("sglang").strip("/"), "")
+        return [(p, o) for p, o in found if str(p).startswith(sub)]
     return found
+
+
+def _top_level(tree: SourceTree, path: Path, offsets: list[int], name: str) -> list[_Definition]:
+    """The definitions of ``name`` that start at ``offsets`` in ``path``, each parsed from its own
+    block of lines (a large module is not parsed whole for one function); the whole module when a
+    block does not parse on its own."""
+    data = tree.read(path)
+    found: list[_Definition] = []
+    for offset in offsets:
+        block, first_line = _block(data, offset)
+        try:
+            module = ast.parse(textwrap.dedent(block))
+        except SyntaxError:
+            module = None
+        if module is None or not module.body:
+            whole = tree.parse(path)
+            return [n for n in _defined(whole.body) if n.name == name] if whole else []
+        ast.increment_lineno(module, first_line - 1)
+        found += [n for n in _defined(module.body) if n.name == name]
+    return found
+
+
+def _block(data: bytes, offset: int) -> tuple[str, int]:
+    """The source of the definition whose ``def``/``class`` line starts at ``offset`` (decorators
+    above it included) up to the next line indented no deeper, and its first line number."""
+    lines = _lines(data)
+    line = data.count(b"\n", 0, offset)
+    indent = len(lines[line]) - len(lines[line].lstrip())
+    start = line
+    while start > 0 and lines[start - 1].strip().startswith("@"):
+        start -= 1
+    end = line + 1
+    while end < len(lines):
+        text = lines[end]
+        stripped = text.strip()
+        if stripped and not stripped.startswith("#") and len(text) - len(text.lstrip()) <= indent:
+            if not stripped.startswith((")", "]", "}")):
+                break
+        end += 1
+    return "".join(lines[start:end]), start + 1
 
 
 def matches(definition: Definition, fingerprint: Fingerprint) -> bool:
@@ -111,6 +187,11 @@ def deciding_line(definition: Definition, fingerprint: Fingerprint) -> int:
         if pattern.search(ast.unparse(node)):
             line = node.lineno  # walked outermost first: the last hit is the innermost
     return line
+
+
+@functools.lru_cache(maxsize=64)
+def _lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", "replace").splitlines(keepends=True)
 
 
 def _statements(node: ast.AST) -> Iterator[ast.AST]:

@@ -1,0 +1,110 @@
+"""The catalog as OSV records (``npudoctor list --format osv``), and every check as JSON (``--format json``).
+
+OSV (https://ossf.github.io/osv-schema/) is what pip-audit, osv-scanner and govulncheck read.
+One record per catalogued defect: the package ``PyPI/sglang``, the affected releases both as an
+``ECOSYSTEM`` range (one ``introduced``/``fixed`` pair per contiguous run of affected releases
+in PyPI order, derived from the wheels) and as the explicit ``versions`` list, the references
+typed ``REPORT``, ``FIX`` and ``INTRODUCED``, and in ``ecosystem_specific`` what the scanner needs
+to judge reachability as npudoctor does: the affected symbols (the defective fingerprints), what
+breaks, when it bites, and the workaround. The id uses OSV's ``x_`` prefix for a private database.
+``tests/data/osv-schema.json`` (ossf/osv-schema, validation/schema.json) validates the export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from npudoctor.engine.catalog import BREAKS, RANGE_KINDS, CatalogRecord, sort_key
+
+OSV_SCHEMA_VERSION = "1.7.0"
+ID_PREFIX = "x_npudoctor-"
+
+
+def osv_record(record: CatalogRecord) -> dict[str, Any]:
+    derived = sorted((v for kind in RANGE_KINDS for v in record.releases[kind]), key=sort_key)
+    affected = set(record.releases["affected"])
+    events: list[dict[str, str]] = []
+    inside = False
+    for version in derived:
+        if version in affected and not inside:
+            events.append({"introduced": version})
+            inside = True
+        elif version not in affected and inside:
+            events.append({"fixed": version})
+            inside = False
+    specific: dict[str, Any] = {
+        "affected_symbols": record.defective.symbols,
+        "breaks": record.breaks,
+        "bites_when": record.bites_when,
+        "bites_when_expression": record.predicate_text,
+    }
+    if record.remedy.workaround:
+        specific["workaround"] = record.remedy.workaround
+    package = {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
+    entry: dict[str, Any] = {"package": package, "versions": [v for v in derived if v in affected]}
+    if events:
+        entry["ranges"] = [{"type": "ECOSYSTEM", "events": events}]
+    entry["ecosystem_specific"] = specific
+    references = [
+        {"type": kind, "url": url}
+        for kind, urls in (
+            ("REPORT", record.references.report),
+            ("FIX", record.references.fix),
+            ("INTRODUCED", record.references.introduced),
+        )
+        for url in urls
+    ]
+    return {
+        "schema_version": OSV_SCHEMA_VERSION,
+        "id": ID_PREFIX + record.id,
+        "modified": record.modified,
+        "summary": record.title,
+        "details": _details(record),
+        "affected": [entry],
+        "references": references,
+        "database_specific": {
+            "npudoctor_id": record.id,
+            "derived_from": f"every PyPI wheel of sglang {derived[0]} .. {derived[-1]}" if derived else "",
+            "fixed_in": record.first_fixed,
+        },
+    }
+
+
+def _details(record: CatalogRecord) -> str:
+    parts = [record.summary, f"What breaks: {BREAKS[record.breaks]}.", f"When it bites: {record.bites_when}."]
+    parts.append(f"Defective code: {record.defective.says}.")
+    if record.fixed is not None:
+        parts.append(f"Fixed code: {record.fixed.says}.")
+    parts.append(f"Remedy: {record.how_to_fix}.")
+    if record.notes:
+        parts.append(record.notes)
+    return "\n\n".join(p.strip() for p in parts if p.strip())
+
+
+def osv_records(checks: Sequence) -> list[dict[str, Any]]:
+    """The OSV record of every catalogued defect among ``checks`` (the deep checks are not
+    catalogue records: they have their own release history)."""
+    return [osv_record(c) for c in checks if isinstance(c, CatalogRecord)]
+
+
+def check_entry(item) -> dict[str, Any]:
+    """One check or record as ``list --format json`` gives it."""
+    from npudoctor.formatters.listing import fixed_in_history
+
+    entry: dict[str, Any] = {
+        "id": item.id,
+        "kind": "catalog" if isinstance(item, CatalogRecord) else "check",
+        "title": item.title,
+        "upstream": list(item.upstream),
+        "release_history": fixed_in_history(item),
+        "bites_when": item.bites_when,
+        "runtime_fix": item.id if item.runtime_fix and not isinstance(item, CatalogRecord) else None,
+    }
+    if isinstance(item, CatalogRecord):
+        entry["runtime_fix"] = item.remedy.fix
+        entry["breaks"] = item.breaks
+        entry["affected"] = list(item.releases["affected"])
+        entry["fixed_in"] = item.first_fixed
+        entry["affected_symbols"] = item.defective.symbols
+    return entry

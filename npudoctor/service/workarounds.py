@@ -1,0 +1,84 @@
+"""A catalog record's workaround, repeated in the form the user gave the deployment.
+
+A record's remedy may name server arguments and environment variables that avoid the defect
+(``--page-size 128``). The finding says it with the user's own input, so that it can be pasted:
+the launch command after ``--`` rewritten (the flag's value replaced where the command passes it,
+else added; the variables as ``NAME=value`` prefixes), or the YAML keys to set for each role the
+defect bites, or the flags. Every word is quoted for a POSIX shell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Sequence
+
+from npudoctor.deployment.redact import redact_argv
+from npudoctor.results import Result
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def rewritten_command(argv: Sequence[str], flags: dict, env: dict[str, str]) -> list[str]:
+    """``argv`` (a launch command, ``NAME=value`` prefixes allowed) with each of ``flags`` set to
+    its value (replaced where given as ``--flag X`` or ``--flag=X``, else appended) and ``env`` as
+    prefixes (replacing a prefix of the same name)."""
+    words = list(argv)
+    start = 0
+    while start < len(words) and "=" in words[start] and not words[start].startswith("-"):
+        start += 1
+    prefixes = [w for w in words[:start] if w.split("=", 1)[0] not in env]
+    words = words[start:]
+    for name, value in flags.items():
+        flag, text = flag_of(name), _text(value)
+        for index, word in enumerate(words):
+            if word == flag and index + 1 < len(words):
+                words[index + 1] = text
+                break
+            if word.startswith(flag + "="):
+                words[index] = f"{flag}={text}"
+                break
+        else:
+            words += [flag, text]
+    return [*prefixes, *(f"{k}={v}" for k, v in env.items()), *words]
+
+
+def workaround_text(
+    flags: dict,
+    env: dict[str, str],
+    roles: Sequence[str],
+    config: str | None = None,
+    launch_command: Sequence[str] = (),
+) -> str:
+    """The workaround in the user's form: their launch command rewritten, the YAML keys per role,
+    or the flags and variables."""
+    if launch_command:
+        return "your launch command with it: " + shlex.join(
+            redact_argv(rewritten_command(launch_command, flags, env))
+        )
+    if config is not None:
+        keys = [f"server_args.{k}: {_text(v)}" for k, v in flags.items()] + [
+            f"env.{k}: {v}" for k, v in env.items()
+        ]
+        where = ", ".join(f"roles.{r}" for r in roles) or "each role"
+        return f"in {config}, under {where}: set " + "; ".join(keys)
+    words = [w for k, v in flags.items() for w in (flag_of(k), _text(v))]
+    return "pass " + shlex.join([*(f"{k}={v}" for k, v in env.items()), *words])
+
+
+def with_workaround(result: Result, record, config: str | None, launch_command: Sequence[str]) -> Result:
+    """``result`` with the record's workaround in the user's form added to its remediation."""
+    remedy = record.remedy
+    if result.remediation is None or not (remedy.flags or remedy.env):
+        return result
+    text = workaround_text(remedy.flags, remedy.env, result.roles, config, launch_command)
+    advice = f"{result.remediation.advice}; {text}"
+    return dataclasses.replace(result, remediation=dataclasses.replace(result.remediation, advice=advice))
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
