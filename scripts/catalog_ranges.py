@@ -16,6 +16,7 @@ upstream text says one release and the wheels another, the wheels win: the recor
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -62,8 +63,8 @@ def derive(
     return ranges
 
 
-def block(ranges: dict[str, list[str]]) -> str:
-    lines = [MARKER, "releases:"]
+def block(ranges: dict[str, list[str]], derived: str) -> str:
+    lines = [MARKER, "releases:", f"  derived: '{derived}'"]
     for kind, found in ranges.items():
         if found:
             lines.append(f"  {kind}: [{', '.join(found)}]")
@@ -75,14 +76,18 @@ def record_file(record_id: str) -> Path:
     return path
 
 
-def write(record_id: str, ranges: dict[str, list[str]]) -> bool:
-    """Store ``ranges`` in the record's file; whether it changed."""
+def write(
+    record_id: str, ranges: dict[str, list[str]], stored: dict[str, list[str]] | None, derived: str
+) -> None:
+    """Store ``ranges`` in the record's file, stamped ``derived`` when they changed (OSV's ``modified``)."""
+    from npudoctor.engine.catalog import all_records
+
     path = record_file(record_id)
     text = path.read_text()
+    if ranges == stored:
+        derived = next(r.modified for r in all_records() if r.id == record_id)
     head = text.split(MARKER)[0].rstrip("\n") + "\n\n"
-    new = head + block(ranges)
-    path.write_text(new)
-    return new != text
+    path.write_text(head + block(ranges, derived))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{record_id}: stored {stored.get(record_id)}\n{' ' * len(record_id)}  wheels {ranges[record_id]}"
             )
         return 1 if changed else 0
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for record_id, found in ranges.items():
-        write(record_id, found)
+        write(record_id, found, stored.get(record_id), now)
         affected = found["affected"]
         span = f"{affected[0]} .. {affected[-1]} ({len(affected)})" if affected else "none"
         print(f"{record_id}: affected {span}; unrecognised {found['unrecognised'] or 'none'}")

@@ -163,9 +163,10 @@ def _block(data: bytes, offset: int) -> tuple[str, int]:
     while end < len(lines):
         text = lines[end]
         stripped = text.strip()
-        if stripped and not stripped.startswith("#") and len(text) - len(text.lstrip()) <= indent:
-            if not stripped.startswith((")", "]", "}")):
-                break
+        shallow = stripped and len(text) - len(text.lstrip()) <= indent
+        # a comment, or the closing line of a multi-line signature (``) -> int:``), ends nothing
+        if shallow and not stripped.startswith(("#", ")", "]", "}")):
+            break
         end += 1
     return "".join(lines[start:end]), start + 1
 
