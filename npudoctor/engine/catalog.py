@@ -39,9 +39,10 @@ from packaging.version import Version
 
 from npudoctor.deployment.predicate import compile_predicate, evaluate, role_namespace
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Evidence, Location, Remediation, Result, Status
+from npudoctor.results import Evidence, Location, Status
 from npudoctor.static import fingerprints
 from npudoctor.static.fingerprints import Fingerprint
+from npudoctor.target import history
 
 if TYPE_CHECKING:
     import ast
@@ -244,58 +245,53 @@ class CatalogRecord(Check):
         )
 
     # ----- the remedy --------------------------------------------------------------------
+    def table(self) -> dict[str, str]:
+        """``{release: "fail" | "pass"}`` over the final releases the ranges were derived from:
+        the record's release history, in the form ``npudoctor.target.history`` reads."""
+        return {
+            version: "fail" if kind == "affected" else "pass"
+            for kind in RANGE_KINDS
+            for version in self.releases[kind]
+            if ".post" not in version
+        }
+
+    def upstream_for(self, version: str | None) -> history.Upstream:
+        """Where the record's defect is gone for good after ``version`` (the rule of
+        ``history.holds_from``), and the newest release the ranges were derived over."""
+        table = self.table()
+        if not table:
+            return history.Upstream(None, None)
+        after = history.version_key(version) if version else ()
+        fixed = history.holds_from({r: s == "pass" for r, s in table.items()}, after)
+        return history.Upstream(fixed, max(table, key=history.version_key))
+
     @property
     def first_fixed(self) -> str | None:
-        """The first release, after the newest that ships the defect, whose code is the fixed
-        shape (derived from the wheels); None while the newest release checked ships it."""
-        affected = self.releases["affected"]
-        if not affected:
+        """The first release, after the newest that ships the defect, from which no release ships
+        it (derived from the wheels); None while the newest release checked ships it."""
+        if not self.releases["affected"]:
             return None
-        newest_affected = max(affected, key=sort_key)
-        later = sorted(
-            (
-                v
-                for v in self.releases["fixed"] + self.releases["absent"]
-                if sort_key(v) > sort_key(newest_affected)
-            ),
-            key=sort_key,
-        )
-        return later[0] if later else None
+        return self.upstream_for(None).fixed_in
 
     @property
     def newest_checked(self) -> str | None:
-        every = [v for kind in RANGE_KINDS for v in self.releases[kind]]
-        return max(every, key=sort_key) if every else None
+        return self.upstream_for(None).newest_checked
+
+    @property
+    def _fix_id(self) -> str | None:
+        return self.remedy.fix
 
     def _how_to_fix(self) -> str:
+        """npudoctor's own remedy, without the upgrade (``Check.remediation`` adds the release)."""
         parts = []
-        if self.first_fixed:
-            parts.append(
-                f"upgrade sglang to {self.first_fixed} or later (the fixed code, derived from the wheels)"
-            )
-        elif self.newest_checked:
-            parts.append(f"not fixed in any release through {self.newest_checked}")
         if self.remedy.fix:
             parts.append(f"apply the runtime fix: npudoctor fix --apply --select {self.remedy.fix}")
         if self.remedy.workaround:
             parts.append(f"workaround: {self.remedy.workaround}")
-        return "; ".join(parts) or "read the upstream fix"
-
-    def result(self, status, depth, summary, evidence=(), assumptions=(), roles=()) -> Result:
-        result = super().result(status, depth, summary, evidence, assumptions, roles)
-        if result.remediation is None:
-            return result
-        return Result(
-            **{
-                **result.__dict__,
-                "remediation": Remediation(
-                    fix_id=self.remedy.fix,
-                    fixed_in=self.first_fixed,
-                    advice=self.how_to_fix[:1].upper() + self.how_to_fix[1:],
-                    unfixed_as_of=None if self.first_fixed else self.newest_checked,
-                ),
-            }
-        )
+        if not parts:
+            fix = ", ".join(self.references.fix) or "the upstream fix"
+            parts.append(f"no workaround in flags or environment is known; the fix: {fix}")
+        return "; ".join(parts)
 
 
 def sort_key(version: str) -> Version:

@@ -348,18 +348,27 @@ def _with_history(
     check: Check, result: Result, target: Target, facts: Facts, upgrade: Callable[[], history.Upstream]
 ) -> Result:
     """A finding's remediation with the release history for this deployment: where the check's
-    property holds, and (``upgrade``) the one release every check in the deployment's scope holds from."""
-    if result.remediation is None or not check.upstream_history:
+    property holds (a catalog record: its ranges derived from the wheels), and (``upgrade``) the one
+    release every check and record in the deployment's scope holds from."""
+    if result.remediation is None:
         return result
-    own = history.upstream(check.id, facts, target.version)
+    if getattr(check, "is_catalog_record", False):  # npudoctor.engine.catalog builds on this module
+        own = check.upstream_for(target.version)
+    elif check.upstream_history:
+        own = history.upstream(check.id, facts, target.version)
+    else:
+        return result
     return dataclasses.replace(result, remediation=check.remediation(own, upgrade()))
 
 
 def _deployment_upgrade(target: Target, facts: Facts) -> history.Upstream:
-    """The first release from which every check in the deployment's scope holds: all checks, not only
-    those run (``--select`` must not recommend a release another check fails)."""
-    in_scope = [c.id for c in all_checks() if c.upstream_history and c.out_of_scope(facts) is None]
-    return history.deployment_upgrade(in_scope, facts, target.version)
+    """The first release from which every check and catalog record in the deployment's scope
+    holds: all of them, not only those run (``--select`` must not recommend a release another
+    check fails or a record ships)."""
+    scope = [c for c in all_checks() if c.out_of_scope(facts) is None]
+    in_scope = [c.id for c in scope if c.upstream_history]
+    records = [c.table() for c in scope if getattr(c, "is_catalog_record", False)]
+    return history.deployment_upgrade(in_scope, facts, target.version, extra_tables=records)
 
 
 def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str) -> dict[str, Probe]:

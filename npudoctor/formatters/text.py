@@ -59,11 +59,13 @@ def print_report(
 
 def _parts(report: Report, verbose: bool, user: UserOptions | None) -> RenderableType:
     args = user if user is not None else UserOptions.of_report(report)
-    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(report)]
-    skipped = [r for r in report.results if r.status is Status.SKIP and not (verbose or _has_details(r))]
+    quiet = [] if verbose else [r for r in report.results if _quiet_record(r)]
+    shown = [r for r in report.results if r not in quiet]
+    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(shown, quiet)]
+    skipped = [r for r in shown if r.status is Status.SKIP and not (verbose or _has_details(r))]
     if skipped:  # why each does not apply, one line each (--verbose: in full, with the details)
         parts += [Text(""), _skip_lines(skipped)]
-    for result in report.results:
+    for result in shown:
         if verbose or _has_details(result):
             parts.append(Text(""))
             parts.extend(_details(result, args, verbose))
@@ -113,10 +115,32 @@ def _status(result: Result) -> Text:
     return label
 
 
-def _summary_rows(report: Report) -> Rows:
-    rows = [([result.id, _status(result), result.depth.value], result.title) for result in report.results]
+def _quiet_record(result: Result) -> bool:
+    """A catalog record (``NPC###``, ``npudoctor.engine.catalog``) that passes or cannot be triggered
+    and no ignore entry touched: one line for all of them in the compact report."""
+    return (
+        result.id.startswith(CATALOG_PREFIX)
+        and result.status in (Status.PASS, Status.SKIP)
+        and result.ignored is None
+    )
+
+
+def _summary_rows(results: list[Result], quiet: list[Result]) -> Rows:
+    rows = [([result.id, _status(result), result.depth.value], result.title) for result in results]
+    if quiet:
+        counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
+        said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+        rows.append(
+            (
+                [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
+                f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
+            )
+        )
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
     return Rows(rows, header=header, max_widths=(8,))
+
+
+CATALOG_PREFIX = "NPC"  # the catalog's record ids; the checks are NPD###
 
 
 def _has_details(result: Result) -> bool:

@@ -77,24 +77,32 @@ class Definition:
 def definitions(
     tree: SourceTree, symbol: str, under: str = "", names: frozenset[str] = frozenset()
 ) -> list[Definition]:
-    """Every definition of ``symbol`` (``A.b``: method ``b`` of a class ``A``; nested classes and
-    functions are not followed) in the target, in file order. ``names``: every top-level name the
-    caller will ask about (the whole catalog's): the files defining them are found in one pass."""
+    """Every definition of ``symbol`` (``A.b``: method ``b`` of a class ``A``; ``A.B.c`` nested)
+    in the target, in file order. ``names``: every top-level name the caller will ask about (the
+    whole catalog's): the files defining them are found in one pass over the tree. Only the
+    definition's own lines are parsed (sglang's attention backend is 3,500 lines)."""
     memo = tree.memo.setdefault("fingerprints.definitions", {})
     key = (symbol, under)
     if key not in memo:
         parts = symbol.split(".")
         found = []
         for path, offsets in _defining_files(tree, parts[0], names | {parts[0]}, under):
-            for node in _top_level(tree, path, offsets, parts[0]):
-                for hit in _resolve([node], parts):
-                    found.append(Definition(path, tree.relpath(path), hit, ast.unparse(hit)))
+            data = tree.read(path)
+            if len(parts) == 2:  # a method: its own block, inside the class's block
+                offsets = [o for start in offsets for o in _member_offsets(data, start, parts[1])]
+            for offset in offsets:
+                for node in _parse_definition(tree, path, offset, parts[-1] if len(parts) <= 2 else parts[0]):
+                    for hit in _resolve([node], parts[-1:] if len(parts) <= 2 else parts):
+                        found.append(Definition(path, tree.relpath(path), hit, ast.unparse(hit)))
         memo[key] = found
     return memo[key]  # type: ignore[return-value]
 
 
-# A line that defines a name at any indentation (a top-level name under ``if``/``try`` is indented).
-_DEFINES = r"(?m)^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+({names})\b"
+# ``def`` or ``class`` then one of the names, one pattern each (a literal first word lets the regex
+# engine skip ahead; ``(?:def|class)`` or a line anchor in front made the pass 4-10 times slower
+# over 40 MB of source); that the keyword starts its line is checked after the match
+_DEFINES = (r"def[ \t]+({names})\b", r"class[ \t]+({names})\b")
+_LINE_START = re.compile(rb"[ \t]*(?:async[ \t]+)?$")
 # sglang.multimodal_gen, the diffusion server (a third of 0.5.23's source), runs no NPU LLM path:
 # never searched
 _ELSEWHERE = os.sep + "multimodal_gen" + os.sep
@@ -103,24 +111,26 @@ _ELSEWHERE = os.sep + "multimodal_gen" + os.sep
 def _defining_files(
     tree: SourceTree, name: str, names: frozenset[str], under: str
 ) -> list[tuple[Path, list[int]]]:
-    """The files that define ``name`` and the offsets of those lines, from one regex pass over
-    the tree for all of ``names`` (a pass per name would read the tree dozens of times)."""
+    """The files that define ``name`` (at any indentation: under ``if``/``try`` too) and the
+    offsets of those lines, from one regex pass over the tree for all of ``names``."""
     memo = tree.memo.setdefault("fingerprints.index", {})
     if name not in memo.get("names", ()):
         wanted = sorted(names | set(memo.get("names", ())))
-        pattern = re.compile(_DEFINES.format(names="|".join(map(re.escape, wanted))).encode())
+        alternatives = "|".join(map(re.escape, wanted))
+        patterns = [re.compile(p.format(names=alternatives).encode()) for p in _DEFINES]
         index: dict[str, list[tuple[Path, list[int]]]] = {n: [] for n in wanted}
         for path in tree.files:
             if _ELSEWHERE in path:
                 continue
-            hits: dict[str, list[int]] = {}
             data = tree.read(path)
-            if b"def " not in data and b"class " not in data:
-                continue
-            for match in pattern.finditer(data):
-                hits.setdefault(match.group(1).decode(), []).append(match.start())
+            hits: dict[str, list[int]] = {}
+            for pattern in patterns:
+                for match in pattern.finditer(data):
+                    line_start = data.rfind(b"\n", 0, match.start()) + 1
+                    if _LINE_START.match(data, line_start, match.start()):
+                        hits.setdefault(match.group(1).decode(), []).append(line_start)
             for hit, offsets in hits.items():
-                index[hit].append((Path(path), offsets))
+                index[hit].append((Path(path), sorted(offsets)))
         memo["names"] = frozenset(wanted)
         memo["index"] = index
     found = memo["index"].get(name, [])  # type: ignore[union-attr]
@@ -130,32 +140,57 @@ def _defining_files(
     return found
 
 
-def _top_level(tree: SourceTree, path: Path, offsets: list[int], name: str) -> list[_Definition]:
-    """The definitions of ``name`` that start at ``offsets`` in ``path``, each parsed from its own
-    block of lines (a large module is not parsed whole for one function); the whole module when a
-    block does not parse on its own."""
+def _member_offsets(data: bytes, class_offset: int, member: str) -> list[int]:
+    """Offsets of the lines defining ``member`` directly in the body of the class whose line
+    starts at ``class_offset`` (the body's indentation, not deeper)."""
+    lines = _lines(data)
+    first = data.count(b"\n", 0, class_offset)
+    start, end = _block_lines(lines, first)
+    body_indent = next(
+        (
+            _indent(line)
+            for line in lines[first + 1 : end]
+            if line.strip() and not line.lstrip().startswith("#")
+        ),
+        None,
+    )
+    pattern = re.compile(rf"(?:async\s+)?(?:def|class)\s+{re.escape(member)}\b")
+    offsets = []
+    position = sum(len(line.encode()) for line in lines[:first])  # the decoded lines' byte offsets
+    for number in range(first, end):
+        line = lines[number]
+        if number > first and _indent(line) == body_indent and pattern.match(line.lstrip()):
+            offsets.append(position)
+        position += len(line.encode())
+    return offsets
+
+
+def _parse_definition(tree: SourceTree, path: Path, offset: int, name: str) -> list[_Definition]:
+    """The definition of ``name`` whose line starts at ``offset``, parsed from its own lines with
+    its line numbers kept; from the whole module when those lines do not parse on their own."""
     data = tree.read(path)
-    found: list[_Definition] = []
-    for offset in offsets:
-        block, first_line = _block(data, offset)
-        try:
-            module = ast.parse(textwrap.dedent(block))
-        except SyntaxError:
-            module = None
-        if module is None or not module.body:
-            whole = tree.parse(path)
-            return [n for n in _defined(whole.body) if n.name == name] if whole else []
-        ast.increment_lineno(module, first_line - 1)
-        found += [n for n in _defined(module.body) if n.name == name]
-    return found
-
-
-def _block(data: bytes, offset: int) -> tuple[str, int]:
-    """The source of the definition whose ``def``/``class`` line starts at ``offset`` (decorators
-    above it included) up to the next line indented no deeper, and its first line number."""
     lines = _lines(data)
     line = data.count(b"\n", 0, offset)
-    indent = len(lines[line]) - len(lines[line].lstrip())
+    start, end = _block_lines(lines, line)
+    try:
+        module = ast.parse("\n" * start + textwrap.dedent("".join(lines[start:end])))
+    except SyntaxError:
+        module = None
+    found = [n for n in _defined(module.body) if n.name == name] if module is not None else []
+    if found:
+        return found
+    whole = tree.parse(path)
+    return (
+        [n for n in ast.walk(whole) if isinstance(n, _Definition) and n.name == name and n.lineno == line + 1]
+        if whole
+        else []
+    )
+
+
+def _block_lines(lines: list[str], line: int) -> tuple[int, int]:
+    """The first line (decorators included) and the end of the definition whose ``def``/``class``
+    is on line index ``line``: up to the next line indented no deeper."""
+    indent = _indent(lines[line])
     start = line
     while start > 0 and lines[start - 1].strip().startswith("@"):
         start -= 1
@@ -163,12 +198,15 @@ def _block(data: bytes, offset: int) -> tuple[str, int]:
     while end < len(lines):
         text = lines[end]
         stripped = text.strip()
-        shallow = stripped and len(text) - len(text.lstrip()) <= indent
         # a comment, or the closing line of a multi-line signature (``) -> int:``), ends nothing
-        if shallow and not stripped.startswith(("#", ")", "]", "}")):
+        if stripped and _indent(text) <= indent and not stripped.startswith(("#", ")", "]", "}")):
             break
         end += 1
-    return "".join(lines[start:end]), start + 1
+    return start, end
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def matches(definition: Definition, fingerprint: Fingerprint) -> bool:
@@ -183,25 +221,24 @@ def deciding_line(definition: Definition, fingerprint: Fingerprint) -> int:
     if not fingerprint.contains:
         return _first_line(definition.node)
     pattern = re.compile(fingerprint.contains[0])
-    line = _first_line(definition.node)
-    for node in _statements(definition.node):
-        if pattern.search(ast.unparse(node)):
-            line = node.lineno  # walked outermost first: the last hit is the innermost
-    return line
+    line, node = _first_line(definition.node), definition.node
+    while True:  # a statement's text holds its children's: narrow from the outside in
+        hits = [
+            c
+            for c in ast.iter_child_nodes(node)
+            if isinstance(c, ast.stmt) and pattern.search(ast.unparse(c))
+        ]
+        if not hits:
+            return line
+        node = hits[-1]  # the last of several (the order ``ast.walk`` would meet them last)
+        line = node.lineno
 
 
 @functools.lru_cache(maxsize=64)
 def _lines(data: bytes) -> list[str]:
-    return data.decode("utf-8", "replace").splitlines(keepends=True)
-
-
-def _statements(node: ast.AST) -> Iterator[ast.AST]:
-    """Statements below ``node``, each before those nested in it; only into a statement that can
-    still contain the match (``deciding_line`` narrows from the outside in)."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.stmt):
-            yield child
-            yield from _statements(child)
+    """The file's lines, split at ``\\n`` only (as line numbers count; ``str.splitlines`` also
+    splits at form feeds and other separators)."""
+    return [line + "\n" for line in data.decode("utf-8", "replace").split("\n")]
 
 
 def _resolve(body: list[ast.stmt], parts: list[str]) -> Iterator[_Definition]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,14 +58,20 @@ def upstream(check_id: str, facts: Facts, version: str | None, data: dict | None
 
 
 def deployment_upgrade(
-    check_ids: list[str], facts: Facts, version: str | None, data: dict | None = None
+    check_ids: list[str],
+    facts: Facts,
+    version: str | None,
+    data: dict | None = None,
+    extra_tables: Sequence[dict[str, str]] = (),
 ) -> Upstream:
     """The first release after ``version`` from which every check of ``check_ids`` holds for
     ``facts`` in every later release checked: one answer for the whole deployment, so that no
     finding recommends a release where another check of the same deployment fails (NPD005 came
     back for MLA in 0.5.13 and 0.5.14, after NPD001 was fixed in 0.5.13). ``fixed_in`` None with
     ``newest_checked`` set: some check still fails on the newest release; both None: the history
-    cannot tell (no witness of the deployment's kind runs these checks, or no later release)."""
+    cannot tell (no witness of the deployment's kind runs these checks, or no later release).
+    ``extra_tables``: more ``{release: status}`` tables that must hold too (the catalog records in
+    the deployment's scope, their ranges derived from the wheels)."""
     data = _load() if data is None else data
     releases = sorted(data.get("releases", []), key=version_key)
     if not releases:
@@ -74,6 +81,7 @@ def deployment_upgrade(
     if after and version_key(newest) <= after:
         return Upstream(None, None)  # no later release checked: the history cannot tell
     tables = [table for check_id in check_ids for table in deployment_tables(check_id, facts, data)]
+    tables += [t for t in extra_tables if t]
     if not tables:
         return Upstream(None, None)
     holds = {

@@ -48,7 +48,9 @@ def test_a_release_that_ships_it_fails_at_the_verified_line(record_id, release, 
     assert result.remediation is not None and result.remediation.advice
 
 
-@pytest.mark.parametrize("record_id", sorted(r for r in RECORDS if "fixed_in" in truth(r)))
+@pytest.mark.parametrize(
+    "record_id", sorted(r for r in RECORDS if (TRUTHS / f"{r}.yaml").is_file() and "fixed_in" in truth(r))
+)
 def test_the_fixed_release_passes(record_id, release, tmp_path):
     known = truth(record_id)
     result = verdict(record_id, known["fixed_in"]["release"], known["trigger"], release, tmp_path, "trigger")
