@@ -12,6 +12,7 @@ import pytest
 from packaging.version import Version
 
 from npudoctor.engine.catalog import RANGE_KINDS, all_records
+
 from support.repo import REPO
 
 _spec = importlib.util.spec_from_file_location("catalog_ranges", REPO / "scripts" / "catalog_ranges.py")
