@@ -33,6 +33,11 @@ def rewritten_command(argv: Sequence[str], flags: dict, env: dict[str, str]) -> 
     words = words[start:]
     for name, value in flags.items():
         flag, text = flag_of(name), _text(value)
+        if isinstance(value, bool):  # a switch (store_true): present for True, gone for False
+            words = [w for w in words if w != flag and not w.startswith(flag + "=")]
+            if value:
+                words.append(flag)
+            continue
         for index, word in enumerate(words):
             if word == flag and index + 1 < len(words):
                 words[index + 1] = text
@@ -64,8 +69,19 @@ def workaround_text(
         ]
         where = ", ".join(f"roles.{r}" for r in roles) or "each role"
         return f"in {config}, under {where}: set " + "; ".join(keys)
-    words = [w for k, v in flags.items() for w in (flag_of(k), _text(v))]
-    return "pass " + shlex.join([*(f"{k}={v}" for k, v in env.items()), *words])
+    words = [
+        w
+        for k, v in flags.items()
+        if v is not False
+        for w in ((flag_of(k),) if v is True else (flag_of(k), _text(v)))
+    ]
+    dropped = [flag_of(k) for k, v in flags.items() if v is False]
+    said = []
+    if env or words:
+        said.append("pass " + shlex.join([*(f"{k}={v}" for k, v in env.items()), *words]))
+    if dropped:
+        said.append("do not pass " + ", ".join(dropped))
+    return "; ".join(said)
 
 
 def with_workaround(result: Result, record, config: str | None, launch_command: Sequence[str]) -> Result:

@@ -29,9 +29,15 @@ def facts_of(deployment: dict, tmp_path: Path, name: str):
     return from_yaml(path, shell={}).facts
 
 
+_TARGETS: dict[str, object] = {}
+
+
 def verdict(record_id: str, version: str, deployment: dict, release, tmp_path: Path, name: str):
-    target = discover(release(version) / "sglang")
-    return RECORDS[record_id].run(target, facts_of(deployment, tmp_path, name), "static")
+    """The record's static verdict; one Target per release for the whole module, so the tree is
+    indexed once (as one ``npudoctor check`` indexes it once for every record)."""
+    if version not in _TARGETS:
+        _TARGETS[version] = discover(release(version) / "sglang")
+    return RECORDS[record_id].run(_TARGETS[version], facts_of(deployment, tmp_path, name), "static")
 
 
 def test_every_record_has_a_truth_file_and_every_truth_a_record():

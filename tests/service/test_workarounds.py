@@ -54,3 +54,16 @@ def test_each_input_form_gets_its_own_words():
 def test_a_secret_in_the_launch_command_stays_redacted():
     text = workaround_text({"page_size": 128}, {}, [], launch_command=[*LAUNCH, "--api-key", "sk-secret"])
     assert "sk-secret" not in text
+
+
+def test_a_switch_is_added_or_removed_not_given_a_value():
+    launch = ["python", "-m", "sglang.launch_server", "--disable-cuda-graph", "--tp", "2"]
+    assert rewritten_command(launch, {"disable_cuda_graph": False}, {}) == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--tp",
+        "2",
+    ]
+    assert rewritten_command(launch[:3], {"enable_x": True}, {})[-1] == "--enable-x"
+    assert workaround_text({"disable_cuda_graph": False}, {}, []) == "do not pass --disable-cuda-graph"
