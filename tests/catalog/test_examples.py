@@ -10,6 +10,7 @@ from npudoctor.deployment.load import from_yaml
 from npudoctor.engine.catalog import all_records
 from npudoctor.results import Status
 from npudoctor.target.discovery import discover
+
 from support.repo import EXAMPLES
 
 DEPLOYMENTS = sorted(EXAMPLES.glob("*.yaml"))
