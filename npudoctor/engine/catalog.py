@@ -99,7 +99,7 @@ class Shape:
 
     @property
     def symbols(self) -> list[str]:
-        return list(dict.fromkeys(fp.symbol for alt in self.alternatives for fp in alt))
+        return list(dict.fromkeys(fp.symbol for alt in self.alternatives for fp in alt if not fp.absent))
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,9 @@ class CatalogRecord(Check):
             if shape is None:
                 continue
             for alternative in shape.alternatives:
-                sites = _all_match(tree, alternative)
-                if sites is not None:
-                    return SourceVerdict(kind, sites)
+                site = _all_match(tree, alternative)
+                if site is not False:
+                    return SourceVerdict(kind, None if site is True else site)
         symbols = self.defective.symbols + (self.fixed.symbols if self.fixed else [])
         for symbol in symbols:
             found = fingerprints.definitions(tree, symbol, names=catalog_names())
@@ -299,26 +299,22 @@ def sort_key(version: str) -> Version:
     return Version(version)
 
 
-def _all_match(tree, alternative: tuple[Fingerprint, ...]) -> fingerprints.Site | None:
-    """The site of the first fingerprint when every fingerprint of ``alternative`` matches a
-    definition of its symbol; None otherwise."""
-    first = None
+def _all_match(tree, alternative: tuple[Fingerprint, ...]) -> fingerprints.Site | None | bool:
+    """Whether every fingerprint of ``alternative`` matches: the site of the first that names a
+    definition (True when all of them are ``absent`` symbols), False otherwise."""
+    first: fingerprints.Site | None = None
     for fingerprint in alternative:
-        hit = next(
-            (
-                d
-                for d in fingerprints.definitions(
-                    tree, fingerprint.symbol, fingerprint.under, catalog_names()
-                )
-                if fingerprints.matches(d, fingerprint)
-            ),
-            None,
-        )
+        found = fingerprints.definitions(tree, fingerprint.symbol, fingerprint.under, catalog_names())
+        if fingerprint.absent:
+            if found:
+                return False
+            continue
+        hit = next((d for d in found if fingerprints.matches(d, fingerprint)), None)
         if hit is None:
-            return None
+            return False
         if first is None:
             first = hit.site(fingerprint.symbol, fingerprints.deciding_line(hit, fingerprint))
-    return first
+    return first if first is not None else True
 
 
 @functools.lru_cache(maxsize=1)

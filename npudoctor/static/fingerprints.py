@@ -39,14 +39,22 @@ class Fingerprint:
     contains: tuple[str, ...] = ()
     lacks: tuple[str, ...] = ()
     under: str = ""
+    absent: bool = False  # matches when the target defines no ``symbol`` at all (a feature not there yet)
 
     @classmethod
     def from_data(cls, data: dict, where: str) -> Fingerprint:
-        unknown = set(data) - {"symbol", "contains", "lacks", "under"}
+        unknown = set(data) - {"symbol", "contains", "lacks", "under", "absent"}
         if unknown or not isinstance(data.get("symbol"), str):
-            raise ValueError(f"{where}: a fingerprint is symbol + contains/lacks/under, got {sorted(data)}")
+            raise ValueError(
+                f"{where}: a fingerprint is symbol + contains/lacks/under/absent, got {sorted(data)}"
+            )
         patterns = {key: _patterns(data.get(key), f"{where}.{key}") for key in ("contains", "lacks")}
-        return cls(data["symbol"], patterns["contains"], patterns["lacks"], str(data.get("under", "")))
+        absent = data.get("absent", False)
+        if not isinstance(absent, bool) or (absent and (patterns["contains"] or patterns["lacks"])):
+            raise ValueError(f"{where}: absent is true or false, and an absent symbol has no patterns")
+        return cls(
+            data["symbol"], patterns["contains"], patterns["lacks"], str(data.get("under", "")), absent
+        )
 
     def __str__(self) -> str:
         return self.symbol

@@ -116,6 +116,20 @@ def test_a_release_without_the_function_passes_as_absent(release):
     assert "not in this release" in result.summary
 
 
+def test_an_absent_symbol_is_a_shape_of_its_own(release):
+    """``absent: true`` matches a release that does not define the symbol at all (a feature not
+    there yet): 0.5.12 has no VocabParallelEmbedding._use_triton_embedding, 0.5.23 has it."""
+    data = {**RECORD, "fixed": {"says": "no Triton embedding path at all", "fingerprints": [
+        {"symbol": "VocabParallelEmbedding._use_triton_embedding", "contains": [GUARD]},
+        {"all": [{"symbol": "VocabParallelEmbedding"}, {"symbol": "VocabParallelEmbedding._use_triton_embedding", "absent": True}]},
+    ]}}  # fmt: skip
+    older = CatalogRecord(data, "test").source_verdict(discover(release("0.5.12") / "sglang"))
+    assert older.kind == "fixed" and older.site.symbol == "VocabParallelEmbedding"
+    assert CatalogRecord(data, "test").defective.symbols == ["VocabParallelEmbedding._use_triton_embedding"]
+    with pytest.raises(ValueError):
+        Fingerprint.from_data({"symbol": "f", "absent": True, "contains": ["x"]}, "test")
+
+
 def test_names_are_found_in_one_pass_over_the_tree(release):
     """Every name the catalog asks about is indexed in one read of the tree: a name asked later
     is answered from the same index (no second pass) when it was in the first set."""
