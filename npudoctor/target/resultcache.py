@@ -143,12 +143,15 @@ def _prune(root: Path, keep: Path) -> None:
 
 @lru_cache(maxsize=1)
 def _code_fingerprint() -> str:
-    """npudoctor's own code: its package and its checks (installed beside it or in ``checks/``)."""
+    """npudoctor's own code: its package, its checks and its catalog records (installed beside it
+    or in ``checks/`` and ``catalog/``: an edited record's verdict must not come from the cache)."""
     import importlib.util
 
-    checks = importlib.util.find_spec("npudoctor.checks")  # found, not imported: no check runs here
-    roots = [Path(__file__).parent.parent, *(Path(p) for p in (checks.submodule_search_locations or []))]
-    return _fingerprint(roots, lambda name: name.endswith((".py", ".json")), extra=sys.version)[:24]
+    roots = [Path(__file__).parent.parent]
+    for package in ("npudoctor.checks", "npudoctor.catalog"):  # found, not imported: nothing runs here
+        spec = importlib.util.find_spec(package)
+        roots += [Path(p) for p in (spec.submodule_search_locations or [])]
+    return _fingerprint(roots, lambda name: name.endswith((".py", ".json", ".yaml")), extra=sys.version)[:24]
 
 
 def _fingerprint(roots: list[Path], wanted: Callable[[str], bool], extra: str = "") -> str:

@@ -106,3 +106,25 @@ def test_old_generations_are_pruned(cli, release, static_cache):
     kept = sorted(d.name for d in (static_cache / "static").iterdir())
     assert len(kept) == KEPT_GENERATIONS
     assert [k for k in kept if k.startswith("old-")] == [f"old-{i}" for i in range(3, KEPT_GENERATIONS + 2)]
+
+
+def test_the_code_key_covers_the_catalog_records(monkeypatch):
+    """An edited catalog record must not be answered from the cache: its YAML files are part of
+    the key of npudoctor's own code, as the checks' modules are."""
+    from npudoctor.engine.catalog import all_records
+    from npudoctor.target import resultcache
+
+    seen = {}
+
+    def capture(roots, wanted, extra=""):
+        seen["files"] = [p for root in roots for p in root.rglob("*") if p.is_file() and wanted(p.name)]
+        return "0" * 24
+
+    resultcache._code_fingerprint.cache_clear()
+    monkeypatch.setattr(resultcache, "_fingerprint", capture)
+    try:
+        resultcache._code_fingerprint()
+    finally:
+        resultcache._code_fingerprint.cache_clear()
+    names = {p.name for p in seen["files"]}
+    assert all(any(n.startswith(r.id + "_") and n.endswith(".yaml") for n in names) for r in all_records())
