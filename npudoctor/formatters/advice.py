@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from npudoctor.formatters import github, junit, markdown, sarif
-from npudoctor.formatters.text import STYLE
+from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
 from npudoctor.service.planning import UserOptions, hint
@@ -53,19 +53,50 @@ def render(advice: Advice, format_name: str, tool_version: str) -> str:
     return buffer.getvalue()
 
 
+def _columns(advice: Advice) -> tuple[list[str], list[str]]:
+    """The checks, one column each, and the catalog records, one column for all of them."""
+    records = [i for i in advice.check_ids if i.startswith(CATALOG_PREFIX)]
+    return [i for i in advice.check_ids if i not in records], records
+
+
+def catalog_cell(row: Row, records: list[str]) -> tuple[Status | None, list[str]]:
+    """The worst status of the catalog records on a release, and the records at it (warn or worse)."""
+    statuses = {i: cell(row, i) for i in records}
+    known = [s for s in statuses.values() if s is not None]
+    if not known:
+        return None, []
+    worst = max(known, key=lambda s: s.severity)
+    return worst, [
+        i for i, s in statuses.items() if s is not None and s.severity and s.severity == worst.severity
+    ]
+
+
 # ----- text -----------------------------------------------------------------------------
 def renderable(advice: Advice) -> RenderableType:
-    # no vertical rules and no edges: seven checks and the marks fit 80 columns
+    # no vertical rules and no edges: seven checks, the catalog and the marks fit 80 columns
+    checks, records = _columns(advice)
     table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     table.add_column("sglang", no_wrap=True)
-    for check_id in advice.check_ids:
+    for check_id in checks:
         table.add_column(check_id, no_wrap=True)
+    if records:
+        table.add_column(f"{CATALOG_PREFIX}*", no_wrap=True)  # the catalog: the records it flags
     table.add_column("", no_wrap=True)
     for row in advice.rows:
         cells = []
-        for check_id in advice.check_ids:
+        for check_id in checks:
             status = cell(row, check_id)
             cells.append("-" if status is None else f"[{STYLE[status]}]{_SHORT[status]}[/]")
+        if records:
+            worst, which = catalog_cell(row, records)
+            text = (
+                "-"
+                if worst is None
+                else (
+                    "ok" if not which else (which[0] if len(which) == 1 else f"{len(which)} {_SHORT[worst]}")
+                )
+            )
+            cells.append(text if worst is None else f"[{STYLE[worst]}]{escape(text)}[/]")
         marks = []
         if row.subject.installed:
             marks.append("installed")
@@ -161,15 +192,22 @@ def row_options(advice: Advice, row: Row | None) -> UserOptions:
 
 # ----- markdown -------------------------------------------------------------------------
 def render_markdown(advice: Advice) -> str:
-    header = "| sglang | " + " | ".join(advice.check_ids) + " | |"
+    checks, records = _columns(advice)
+    columns = checks + ([f"catalog ({len(records)} records)"] if records else [])
+    header = "| sglang | " + " | ".join(columns) + " | |"
     lines = [f"## npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", "", header]
-    lines.append("|" + " --- |" * (len(advice.check_ids) + 2))
+    lines.append("|" + " --- |" * (len(columns) + 2))
     for row in advice.rows:
         cells = []
-        for check_id in advice.check_ids:
+        for check_id in checks:
             status = cell(row, check_id)
             cells.append(
                 "-" if status is None else (f"**{_SHORT[status]}**" if status.severity else _SHORT[status])
+            )
+        if records:
+            worst, which = catalog_cell(row, records)
+            cells.append(
+                "-" if worst is None else (f"**{_SHORT[worst]}**: " + ", ".join(which) if which else "ok")
             )
         note = markdown.cell(row.error) if row.error else ("installed" if row.subject.installed else "")
         lines.append(f"| {markdown.cell(row.subject.label)} | " + " | ".join(cells) + f" | {note} |")

@@ -119,3 +119,24 @@ def test_advise_does_not_call_a_release_with_a_catalogued_defect_clean(
         data["recommendation"]["baseline_findings"]
         and record_id in data["recommendation"]["baseline_findings"]
     )
+
+
+@pytest.mark.parametrize("record_id", WITH_FIX[:1])
+def test_advise_text_gives_the_catalog_one_column_that_names_the_records(
+    cli, release, tmp_path, monkeypatch, record_id
+):
+    """Forty records are one column (``NPC*``): the records flagged on each release, ``ok`` where
+    none is; the table still fits 80 columns."""
+    from support.repo import fetch_sglang
+
+    known = KNOWN[record_id]
+    versions = [known["ships_in"]["release"], known["fixed_in"]["release"]]
+    for version in versions:
+        release(version)
+    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
+    config = deployment_file(tmp_path, known["trigger"])
+    _, out, _ = cli("advise", "--config", config, "--select", record_id, "--releases", ",".join(versions))
+    table = out.split("Recommendation:")[0].splitlines()
+    assert "NPC*" in table[1] and all(len(line) <= 80 for line in table)
+    rows = {line.split()[0]: line for line in table[3:] if line.strip()}
+    assert record_id in rows[versions[0]] and " ok " in rows[versions[1]] + " "
