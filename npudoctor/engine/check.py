@@ -308,10 +308,9 @@ def _with_fix(check: Check, live: Probe, static: Probe | None) -> Result:
 def all_checks() -> list[Check]:
     """Every check module in ``npudoctor.checks``, ordered by id, then every record of the
     known-defect catalog (``npudoctor.engine.catalog``)."""
-    from npudoctor.engine.catalog import all_records
-    from npudoctor.engine.registry import discover
+    from npudoctor.engine.registry import catalog_records, discover
 
-    return discover("npudoctor.checks", "CHECK", Check) + list(all_records())
+    return discover("npudoctor.checks", "CHECK", Check) + list(catalog_records())
 
 
 def run_checks(

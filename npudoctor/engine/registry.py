@@ -40,6 +40,12 @@ def discover(package: str, attribute: str, kind: type[T]) -> list[T]:
     return [found[key] for key in sorted(found)]
 
 
+def catalog_records() -> tuple:
+    """The known-defect catalog's records (``npudoctor.engine.catalog``), found by name like the
+    check modules: the catalog builds on ``Check``, so the engine must not import it."""
+    return importlib.import_module("npudoctor.engine.catalog").all_records()
+
+
 def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
     """``items`` whose id is in ``ids`` (all when empty), in the order given; unknown ids are an input error."""
     if not ids:

@@ -91,7 +91,9 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     # the collector stays paused until the source is released: resumed with the ASTs still alive,
     # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
     with collector_paused(), progress or contextlib.nullcontext():
-        say(f"checking sglang {target.version} ({len(checks)} check(s), depth {request.depth})")
+        records = sum(getattr(c, "is_catalog_record", False) for c in checks)
+        counted = f"{len(checks) - records} check(s)" + (f", {records} catalog record(s)" if records else "")
+        say(f"checking sglang {target.version} ({counted}, depth {request.depth})")
         live_step = live_steps(say, target)
         try:
             # sglang's processes run the fixes `fix --apply` recorded: the verdicts are judged with them

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import npudoctor.service.runner
+from npudoctor.engine.catalog import all_records
 from npudoctor.results import SCHEMA_VERSION
 
 from support.repo import EXAMPLES, REPO
@@ -23,11 +24,16 @@ def test_json_contract(cli, release):
     assert report["schema_version"] == SCHEMA_VERSION
     assert report["target"]["version"] == "0.5.12"
     assert report["target"]["path"].endswith("sglang")
-    assert [r["id"] for r in report["results"]] == [f"NPD00{i}" for i in range(7)]
+    ids = [r["id"] for r in report["results"]]
+    assert ids == [f"NPD00{i}" for i in range(7)] + [
+        r.id for r in all_records()
+    ]  # the checks, then the catalog
     for result in report["results"]:
         assert {"id", "title", "status", "depth", "evidence", "remediation", "summary"} <= set(result)
     assert report["deployment"]["model"]["num_layers"] == 61
-    assert report["summary"]["findings"] == 2  # NPD001 and NPD006 (known.yaml, 0.5.12)
+    findings = [r["id"] for r in report["results"] if r["status"] == "fail"]
+    assert [f for f in findings if f.startswith("NPD")] == ["NPD001", "NPD006"]  # known.yaml, 0.5.12
+    assert report["summary"]["findings"] == len(findings)
 
 
 def test_exit_codes_follow_findings(cli, release):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from npudoctor.engine.catalog import all_records
+
 from support.repo import EXAMPLES, REPO
 from support.reports import json_report, result_of
 from support.trees import overlay_tree
@@ -41,8 +43,9 @@ def test_a_run_without_a_terminal_writes_one_progress_line_per_step(release):
     assert done.returncode == 1, done.stderr
     json.loads(done.stdout)  # the report stays clean on stdout
     lines = done.stderr.splitlines()
+    records = len(all_records())
     assert lines and lines[0].startswith(
-        "npudoctor: [0.0 s] checking sglang 0.5.12 (7 check(s), depth static)"
+        f"npudoctor: [0.0 s] checking sglang 0.5.12 (7 check(s), {records} catalog record(s), depth static)"
     )
     quiet = _run("check", "--sglang-path", release("0.5.12"), "--depth", "static", "-f", "json", "--quiet")
     assert quiet.returncode == 1 and quiet.stderr == ""

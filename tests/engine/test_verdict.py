@@ -193,7 +193,8 @@ def test_a_deployment_no_check_applies_to_starts_no_live_child(cli, release, tmp
     for depth in ("auto", "live"):
         code, out, err = cli("check", "-f", "json", "--sglang-path", release("0.5.13"), "--config", config,
                              "--depth", depth)  # fmt: skip
-        assert code == 0, err
         report = json.loads(out)
+        assert code == (1 if report["summary"]["findings"] else 0), err  # a catalog record may apply
         assert report["live"] == {"ran": False, "reason": NO_LIVE_PROBE_APPLIES}
-        assert {r["status"] for r in report["results"] if r["id"] != "NPD000"} == {"skip"}, report["results"]
+        checks = [r for r in report["results"] if r["id"].startswith("NPD") and r["id"] != "NPD000"]
+        assert {r["status"] for r in checks} == {"skip"}, report["results"]
