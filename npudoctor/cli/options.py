@@ -71,7 +71,13 @@ SglangPathOption = Annotated[
 ]
 SelectOption = Annotated[
     list[str] | None,
-    typer.Option("--select", "-s", metavar="ID", help="Run only these check ids (repeatable, or ID,ID)."),
+    typer.Option(
+        "--select",
+        "-s",
+        metavar="ID",
+        help="Run only these check or catalog ids (repeatable, or ID,ID); a prefix selects "
+        "all it starts: NPD (the seven checks), NPC (the catalog).",
+    ),
 ]
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report here, not stdout.")

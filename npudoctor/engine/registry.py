@@ -47,12 +47,24 @@ def catalog_records() -> tuple:
 
 
 def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
-    """``items`` whose id is in ``ids`` (all when empty), in the order given; unknown ids are an input error."""
+    """``items`` whose id is in ``ids`` (all when empty), in the order given. As ruff's rule
+    selectors: a value may list several ids with commas, and a prefix selects every id it starts
+    (``NPD``: the seven checks, ``NPC``: the catalog, ``NPC01``: NPC010..NPC019). A value that is
+    neither an id nor a prefix of one is an input error."""
     if not ids:
         return items
     known = {item.id: item for item in items}  # type: ignore[attr-defined]
-    wanted = [i.strip().upper() for i in ids]
-    unknown = [i for i in wanted if i not in known]
+    wanted = [part.strip().upper() for value in ids for part in value.split(",") if part.strip()]
+    chosen: list[str] = []
+    unknown = []
+    for token in wanted:
+        matched = [token] if token in known else [i for i in known if i.startswith(token)]
+        if not matched:
+            unknown.append(token)
+        chosen += matched
     if unknown:
-        raise InputError(f"{option}: unknown {noun} id(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    return [known[i] for i in dict.fromkeys(wanted)]
+        shown = (
+            ", ".join(known) if len(known) <= 12 else f"{', '.join(list(known)[:8])}, ... (npudoctor list)"
+        )
+        raise InputError(f"{option}: unknown {noun} id(s) {', '.join(unknown)} (known: {shown})")
+    return [known[i] for i in dict.fromkeys(chosen)]

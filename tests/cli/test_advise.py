@@ -113,7 +113,8 @@ def test_a_defect_that_comes_back_is_a_regression(cli, release_cache):
 def test_the_baseline_cures_are_the_fix_plan(cli, release_cache, release):
     """The fixes advise offers for the baseline are what `npudoctor fix` decides for that tree."""
     release_cache("0.5.12")
-    _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--releases", "0.5.12")
+    # the seven checks (NPD): the ones with runtime fixes; the catalog's records have none
+    _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--releases", "0.5.12", "--select", "NPD")
     cures = {c["check_id"]: c["action"] for c in data["recommendation"]["cures"]}
     code, out, err = cli("fix", "--config", DEEPSEEK, "--sglang-path", release("0.5.12"), "--format", "json")
     assert code == 0, err
@@ -178,8 +179,8 @@ def test_offline_wheel_dir(cli, release, tmp_path, monkeypatch):
 
 
 def test_a_clean_baseline_exits_0_and_says_so(cli, release_cache):
-    release_cache("0.5.15")
-    code, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.15")
+    release_cache("0.5.15")  # clean for the seven checks (the catalog has NPC072, NPC134 there)
+    code, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.15", "--select", "NPD")
     assert code == 0
     assert "0.5.15 (the baseline) has no findings for this deployment" in " ".join(out.split())
 
@@ -188,7 +189,7 @@ def test_every_format(cli, release_cache, tmp_path, monkeypatch):
     """Every format says what the JSON says: DeepSeek-V3 PD fails NPD005 on 0.5.14 only (truths)."""
     release_cache("0.5.14", "0.5.15")
     assert truth_present("0.5.14", "NPD005", "mla") and not truth_present("0.5.15", "NPD005", "mla")
-    args = ("--config", DEEPSEEK, "--releases", "0.5.14..0.5.15")
+    args = ("--config", DEEPSEEK, "--releases", "0.5.14..0.5.15", "--select", "NPD")  # the seven checks
     _, data, _ = advise_json(cli, *args)
     failing = [
         [r["id"] for r in row["report"]["results"] if r["status"] == "fail"] for row in data["releases"]
@@ -220,11 +221,13 @@ def test_every_format(cli, release_cache, tmp_path, monkeypatch):
 
 def test_advise_and_check_name_the_same_upgrade(cli, release_cache, release):
     """DeepSeek-V3 PD on 0.5.12: NPD001 and NPD006 hold from 0.5.13, NPD005 fails there and on 0.5.14
-    (truths). ``check``'s "upgrade to X or later" (from the release history) and ``advise`` (from the
-    releases it checks) name one release, by one rule, and it is not 0.5.13."""
-    versions = ["0.5.12", "0.5.13", "0.5.14", "0.5.15"]
+    (truths), and the catalog's records of this deployment (its prefill PP 2: NPC072, through 0.5.19)
+    count too. ``check``'s "upgrade to X or later" (from the release history and the records' derived
+    ranges) and ``advise`` (from the releases it checks) name one release, by one rule, and it is not
+    0.5.13."""
+    versions = ["0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.19", "0.5.20"]
     release_cache(*versions)
-    _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--depth", "static", "--releases", "0.5.12..0.5.15")
+    _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--depth", "static", "--releases", ",".join(versions))
     upgrade = data["recommendation"]["upgrade_to"]
     assert truth_present("0.5.13", "NPD005", "mla") and upgrade not in ("0.5.13", "0.5.14")
     code, out, _ = cli("check", "-f", "json", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK)

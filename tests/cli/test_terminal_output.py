@@ -63,11 +63,26 @@ def locations(report: dict, ids: set[str] | None = None) -> set[str]:
     }
 
 
+def folded(report: dict) -> set[str]:
+    """The catalog records the compact report folds into its one ``NPC*`` row: those that pass or
+    cannot be triggered, not ignored (``--verbose`` and JSON list them all)."""
+    return {
+        r["id"]
+        for r in report["results"]
+        if r["id"].startswith("NPC") and r["status"] in ("pass", "skip") and r["ignored"] is None
+    }
+
+
+def own_rows(report: dict) -> list[dict]:
+    """The results with a row of their own in the compact report."""
+    return [r for r in report["results"] if r["id"] not in folded(report)]
+
+
 def shown(report: dict) -> set[str]:
     """The results the compact report details: findings, ignored results, results with a note."""
     return {
         r["id"]
-        for r in report["results"]
+        for r in own_rows(report)
         if r["status"] in ("fail", "warn", "error") or r["ignored"] is not None or r["assumptions"]
     }
 
@@ -85,11 +100,13 @@ def test_check_report_fits_the_width_and_keeps_paths_and_the_fix_command_whole(
 
     rows = summary_rows(lines)
     assert all(len(row) <= width for row in rows), rows
-    for result in report["results"]:
+    for result in own_rows(report):
         assert [row for row in rows if row.split()[0] == result["id"]].__len__() == 1, (result["id"], rows)
         row = next(row for row in rows if row.split()[0] == result["id"])
         assert result["status"].upper() in row.split() and result["depth"] in row.split()
-    assert len(rows) == len(report["results"])
+    (catalog,) = [row for row in rows if row.startswith("NPC*")]
+    assert f"{len(folded(report))} more catalog records" in catalog
+    assert len(rows) == len(own_rows(report)) + 1
 
     assert over_width(lines, width) == []
     assert any(report["target"]["path"] in line for line in lines), "the tree's path, whole on one line"
@@ -101,10 +118,11 @@ def test_check_report_fits_the_width_and_keeps_paths_and_the_fix_command_whole(
     for finding in ("NPD001", "NPD006"):
         (hint,) = [line for line in lines if f"fix: npudoctor fix --select {finding} " in line]
         assert f"--sglang-path {tree}" in hint and f"--config {DEEPSEEK_PD}" in hint, hint
-    assert text.count("fix: npudoctor fix") == report["summary"]["findings"]
-    assert (
-        lines[-1].startswith("pass: 3  skip: 2  fail: 2") and "2 finding(s) at or above 'fail'" in lines[-1]
-    )
+    with_fix = [r for r in report["results"] if r["status"] == "fail" and r["remediation"]["fix_id"]]
+    assert text.count("fix: npudoctor fix") == len(with_fix) == 2  # NPD001, NPD006; the records have none
+    counts = report["summary"]
+    assert lines[-1].startswith(f"pass: {counts['pass']}  skip: {counts['skip']}  fail: {counts['fail']}")
+    assert f"{counts['findings']} finding(s) at or above 'fail'" in lines[-1]
     # short by default: the passes without a note have no details
     assert not [line for line in lines if line.startswith(("NPD000 PASS", "NPD005 PASS"))]
 
@@ -128,13 +146,13 @@ def test_clean_release_report_is_the_rows_and_a_closing_line(cli, release, monke
     code, lines = run_at(cli, monkeypatch, width, "check", *args)
     assert code == 0
     rows = summary_rows(lines)
-    assert len(rows) == len(report["results"]) and all(len(row) <= width for row in rows)
+    assert len(rows) == len(own_rows(report)) + 1 and all(len(row) <= width for row in rows)
     assert not [line for line in lines if "fix:" in line]
     assert over_width(lines, width) == []
     assert lines[-1].endswith("no findings at or above 'fail'")
     # only results with a note are detailed (NPD006's static note on 0.5.23), a skip is one line: the
     # report stays short
-    skipped = [r for r in report["results"] if r["status"] == "skip" and r["id"] not in shown(report)]
+    skipped = [r for r in own_rows(report) if r["status"] == "skip" and r["id"] not in shown(report)]
     assert len(lines) <= 6 + len(rows) + 4 * len(shown(report)) + 3 + len(skipped) + 1, "\n".join(lines)
 
 
@@ -163,7 +181,7 @@ def test_each_skip_says_why_in_one_line_without_verbose(cli, release, monkeypatc
     (model / "config.json").write_text(json.dumps(LLAMA3_8B))
     args = ("--sglang-path", release("0.5.23"), "--model-path", model, "--tp-size", "8")
     report = json_report(cli, *args)
-    skipped = [r for r in report["results"] if r["status"] == "skip" and r["id"] not in shown(report)]
+    skipped = [r for r in own_rows(report) if r["status"] == "skip" and r["id"] not in shown(report)]
     assert skipped, "a colocated server is out of the PD checks' scope"
     _, lines = run_at(cli, monkeypatch, width, "check", *args)
     for result in skipped:
@@ -178,7 +196,7 @@ def test_each_skip_says_why_in_one_line_without_verbose(cli, release, monkeypatc
 
 
 def test_ignored_findings_say_so_in_the_closing_line(cli, release, monkeypatch):
-    ignore = ("--ignore", "NPD001:2999-01-01", "--ignore", "NPD006:2999-01-01")
+    ignore = ("--select", "NPD", "--ignore", "NPD001:2999-01-01", "--ignore", "NPD006:2999-01-01")
     code, lines = run_at(
         cli, monkeypatch, 80, "check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, *ignore
     )
