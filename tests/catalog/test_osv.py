@@ -63,7 +63,9 @@ def test_references_are_typed_report_fix_introduced(cli):
             | {("FIX", u) for u in mine.references.fix}
             | {("INTRODUCED", u) for u in mine.references.introduced}
         )
-        assert mine.references.fix or mine.references.report, record["id"]
+        # a defect found in the wheels that nobody reported upstream says so instead of a reference
+        unreported = "not reported upstream" in " ".join(mine.notes.lower().split())
+        assert mine.references.all or unreported, record["id"]
 
 
 def test_list_json_has_every_check_and_record(cli):
