@@ -42,7 +42,7 @@ from npudoctor.engine.check import Check, Probe
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.static import fingerprints
 from npudoctor.static.fingerprints import Fingerprint
-from npudoctor.target import history
+from npudoctor.target import history, resultcache
 
 if TYPE_CHECKING:
     import ast
@@ -333,16 +333,23 @@ def catalog_names() -> frozenset[str]:
 @functools.lru_cache(maxsize=1)
 def all_records() -> tuple[CatalogRecord, ...]:
     """Every record of ``npudoctor.catalog``, ordered by id; a malformed record is an error of
-    npudoctor's own (``tests/catalog`` loads them all)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    npudoctor's own (``tests/catalog`` loads them all). The parsed files come from the result
+    cache (its key covers the records' files): reading 50 YAML files is a fifth of a warm check."""
     records = []
-    package = importlib.resources.files("npudoctor.catalog")
-    for entry in sorted(package.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            where = f"catalog/{entry.name}"
-            data = yaml.load(entry.read_text(encoding="utf-8"), Loader=loader)
-            record = CatalogRecord(data, where)
-            if entry.name.split("_")[0].removesuffix(".yaml") != record.id:
-                raise ValueError(f"{where}: the file's name starts with the record's id {record.id}")
-            records.append(record)
+    for name, data in resultcache.remembered("catalog records", ("npudoctor.catalog",), _record_files):
+        where = f"catalog/{name}"
+        record = CatalogRecord(data, where)
+        if name.split("_")[0].removesuffix(".yaml") != record.id:
+            raise ValueError(f"{where}: the file's name starts with the record's id {record.id}")
+        records.append(record)
     return tuple(records)
+
+
+def _record_files() -> list[tuple[str, dict[str, Any]]]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    package = importlib.resources.files("npudoctor.catalog")
+    return [
+        (entry.name, yaml.load(entry.read_text(encoding="utf-8"), Loader=loader))
+        for entry in sorted(package.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith(".yaml")
+    ]

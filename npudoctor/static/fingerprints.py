@@ -69,14 +69,18 @@ class Site:
     symbol: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Definition:
-    """One definition of a fingerprint's symbol in the target, and its normalised text."""
+    """One definition of a fingerprint's symbol in the target; its normalised text is made when a
+    pattern first needs it (a fingerprint that only asks whether a class exists needs none)."""
 
     path: Path
     relpath: str
     node: _Definition
-    text: str
+
+    @functools.cached_property
+    def text(self) -> str:
+        return ast.unparse(self.node)
 
     def site(self, symbol: str, line: int | None = None) -> Site:
         return Site(self.relpath, line or _first_line(self.node), symbol)
@@ -101,7 +105,7 @@ def definitions(
             for offset in offsets:
                 for node in _parse_definition(tree, path, offset, parts[-1] if len(parts) <= 2 else parts[0]):
                     for hit in _resolve([node], parts[-1:] if len(parts) <= 2 else parts):
-                        found.append(Definition(path, tree.relpath(path), hit, ast.unparse(hit)))
+                        found.append(Definition(path, tree.relpath(path), hit))
         memo[key] = found
     return memo[key]  # type: ignore[return-value]
 
@@ -218,6 +222,8 @@ def _indent(line: str) -> int:
 
 
 def matches(definition: Definition, fingerprint: Fingerprint) -> bool:
+    if not fingerprint.contains and not fingerprint.lacks:
+        return True
     return all(re.search(p, definition.text) for p in fingerprint.contains) and not any(
         re.search(p, definition.text) for p in fingerprint.lacks
     )
