@@ -73,3 +73,29 @@ def test_a_deployment_that_cannot_trigger_it_is_skipped(record_id, release, tmp_
         record_id, known["ships_in"]["release"], known["untouched"], release, tmp_path, "untouched"
     )
     assert result.status is Status.SKIP, result.summary
+
+
+ERNIE_MOE = {
+    "model": {
+        "hf_config": {
+            "architectures": ["Ernie4_5_MoeForCausalLM"],
+            "num_hidden_layers": 28,
+            "num_attention_heads": 20,
+            "num_key_value_heads": 4,
+            "hidden_size": 2560,
+            "moe_use_aux_free": True,
+        }
+    },
+    "roles": {"server": {"server_args": {"tp_size": 2}}},
+}
+
+
+@pytest.mark.parametrize(("record_id", "version"), [("NPC054", "0.5.16"), ("NPC055", "0.5.9")])
+def test_an_ernie_moe_without_expert_parallelism_reaches_the_npu_topk_defects(
+    record_id, version, release, tmp_path
+):
+    """ERNIE-4.5's correction bias alone sends it into the NPU top-k branch that scores softmax with
+    sigmoid (0.5.12..0.5.16, sglang PR #31393) and, earlier, through the fast path that drops the bias
+    (0.5.6.post1..0.5.9, PR #17695): no expert parallelism needed."""
+    result = verdict(record_id, version, ERNIE_MOE, release, tmp_path, "ernie")
+    assert result.status is Status.FAIL, result.summary
