@@ -184,7 +184,7 @@ class CatalogRecord(Check):
     def out_of_scope(self, facts: Facts) -> Probe | None:
         if not facts.described or self.biting_roles(facts):
             return None
-        return Probe(Status.SKIP, f"the deployment cannot trigger it: no role has {self.bites_when}")
+        return Probe(Status.SKIP, f"the deployment cannot trigger it; it bites: {self.bites_when}")
 
     # ----- how to tell from the source ---------------------------------------------------------
     def source_verdict(self, target: Target) -> SourceVerdict:
@@ -246,10 +246,12 @@ class CatalogRecord(Check):
 
     # ----- the remedy --------------------------------------------------------------------
     def table(self) -> dict[str, str]:
-        """``{release: "fail" | "pass"}`` over the final releases the ranges were derived from:
-        the record's release history, in the form ``npudoctor.target.history`` reads."""
+        """``{release: status}`` over the final releases the ranges were derived from (``fail``
+        where it ships, ``warn`` where the shape was not recognised, else ``pass``): the record's
+        release history, in the form ``npudoctor.target.history`` reads."""
+        status = {"affected": "fail", "unrecognised": "warn", "fixed": "pass", "absent": "pass"}
         return {
-            version: "fail" if kind == "affected" else "pass"
+            version: status[kind]
             for kind in RANGE_KINDS
             for version in self.releases[kind]
             if ".post" not in version
