@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ BREAKS = {
     "leak": "a resource leak",
     "performance": "a feature silently off or slow",
 }
+ID_PREFIX = "NPC"  # every record's id is NPC### (the seven checks are NPD###): ``--select NPC``, the NPC* row
 RANGE_KINDS = ("affected", "fixed", "absent", "unrecognised")
 _KEYS = {
     "id",
@@ -142,6 +144,8 @@ class CatalogRecord(Check):
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         self.where = where
         self.id = str(data["id"])
+        if not re.fullmatch(rf"{ID_PREFIX}\d{{3}}", self.id):
+            raise ValueError(f"{where}: a record's id is {ID_PREFIX} and three digits, got {self.id!r}")
         self.title = str(data["title"])
         if data.get("breaks") not in BREAKS:
             raise ValueError(f"{where}: breaks must be one of {', '.join(BREAKS)}")

@@ -19,6 +19,7 @@ import io
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import Evidence, Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
@@ -138,9 +139,6 @@ def _summary_rows(results: list[Result], quiet: list[Result]) -> Rows:
         )
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
     return Rows(rows, header=header, max_widths=(8,))
-
-
-CATALOG_PREFIX = "NPC"  # the catalog's record ids; the checks are NPD###
 
 
 def _has_details(result: Result) -> bool:
