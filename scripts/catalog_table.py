@@ -13,22 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from npudoctor.engine.catalog import RANGE_KINDS, all_records, sort_key  # noqa: E402
+from npudoctor.engine.catalog import all_records  # noqa: E402
 
 
 def runs(record) -> str:
     """The affected releases as runs over every release derived (``0.5.6.post1..0.5.23``)."""
-    derived = sorted((v for kind in RANGE_KINDS for v in record.releases[kind]), key=sort_key)
-    affected = set(record.releases["affected"])
-    spans, current = [], []
-    for version in derived:
-        if version in affected:
-            current.append(version)
-        elif current:
-            spans.append(current)
-            current = []
-    if current:
-        spans.append(current)
+    spans = [run for run, _ in record.affected_runs()]
     return ", ".join(s[0] if len(s) == 1 else f"{s[0]}..{s[-1]}" for s in spans) or "none"
 
 

@@ -21,7 +21,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # the module alone, not the package: no sys.path change for the tests that load this script
-_spec = importlib.util.spec_from_file_location("_npudoctor_releases", REPO / "npudoctor" / "target" / "releases.py")
+_spec = importlib.util.spec_from_file_location(
+    "_npudoctor_releases", REPO / "npudoctor" / "target" / "releases.py"
+)
 _releases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_releases)
 

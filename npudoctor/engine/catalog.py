@@ -271,6 +271,23 @@ class CatalogRecord(Check):
         fixed = history.holds_from({r: s == "pass" for r, s in table.items()}, after)
         return history.Upstream(fixed, max(table, key=history.version_key))
 
+    def affected_runs(self) -> list[tuple[list[str], str | None]]:
+        """The affected releases as runs of consecutive releases (in PyPI order over every release
+        the ranges were derived from), each with the first release after it (None: the newest)."""
+        derived = sorted((v for kind in RANGE_KINDS for v in self.releases[kind]), key=sort_key)
+        affected = set(self.releases["affected"])
+        runs: list[tuple[list[str], str | None]] = []
+        current: list[str] = []
+        for version in derived:
+            if version in affected:
+                current.append(version)
+            elif current:
+                runs.append((current, version))
+                current = []
+        if current:
+            runs.append((current, None))
+        return runs
+
     @property
     def first_fixed(self) -> str | None:
         """The first release, after the newest that ships the defect, from which no release ships

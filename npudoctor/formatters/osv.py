@@ -23,16 +23,11 @@ ID_PREFIX = "x_npudoctor-"
 
 def osv_record(record: CatalogRecord) -> dict[str, Any]:
     derived = sorted((v for kind in RANGE_KINDS for v in record.releases[kind]), key=sort_key)
-    affected = set(record.releases["affected"])
     events: list[dict[str, str]] = []
-    inside = False
-    for version in derived:
-        if version in affected and not inside:
-            events.append({"introduced": version})
-            inside = True
-        elif version not in affected and inside:
-            events.append({"fixed": version})
-            inside = False
+    for run, after in record.affected_runs():
+        events.append({"introduced": run[0]})
+        if after is not None:
+            events.append({"fixed": after})
     specific: dict[str, Any] = {
         "affected_symbols": record.defective.symbols,
         "breaks": record.breaks,
@@ -42,7 +37,10 @@ def osv_record(record: CatalogRecord) -> dict[str, Any]:
     if record.remedy.workaround:
         specific["workaround"] = record.remedy.workaround
     package = {"ecosystem": "PyPI", "name": "sglang", "purl": "pkg:pypi/sglang"}
-    entry: dict[str, Any] = {"package": package, "versions": [v for v in derived if v in affected]}
+    entry: dict[str, Any] = {
+        "package": package,
+        "versions": [v for run, _ in record.affected_runs() for v in run],
+    }
     if events:
         entry["ranges"] = [{"type": "ECOSYSTEM", "events": events}]
     entry["ecosystem_specific"] = specific

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from npudoctor.static.source import SourceTree
+from npudoctor.static.source import SourceTree, flatten_conditional
 
 _Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
@@ -267,15 +267,7 @@ def _resolve(body: list[ast.stmt], parts: list[str]) -> Iterator[_Definition]:
 
 def _defined(body: list[ast.stmt]) -> Iterator[_Definition]:
     """Definitions in a body, also under ``if``/``try`` at that level (``if _is_npu: def ...``)."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield node
-        elif isinstance(node, ast.If):
-            yield from _defined(node.body)
-            yield from _defined(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _defined(block)
+    return (node for node in flatten_conditional(body) if isinstance(node, _Definition))
 
 
 def _first_line(node: _Definition) -> int:

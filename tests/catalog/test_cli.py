@@ -25,6 +25,19 @@ def deployment_file(tmp_path: Path, data: dict, name: str = "deploy") -> Path:
     return path
 
 
+def advise_subject(record_id: str, release, tmp_path: Path, monkeypatch) -> tuple[list[str], Path]:
+    """The release that ships the record and its first fixed one, in the tests' release cache, and
+    the deployment that triggers it."""
+    from support.repo import fetch_sglang
+
+    known = KNOWN[record_id]
+    versions = [known["ships_in"]["release"], known["fixed_in"]["release"]]
+    for version in versions:
+        release(version)
+    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
+    return versions, deployment_file(tmp_path, known["trigger"])
+
+
 def report(cli, *args) -> tuple[int, dict]:
     code, out, err = cli("check", "--format", "json", *args)
     assert code in (0, 1), err
@@ -99,14 +112,7 @@ def test_explain_a_record_names_the_releases_the_wheels_say(cli):
 def test_advise_does_not_call_a_release_with_a_catalogued_defect_clean(
     cli, release, tmp_path, monkeypatch, record_id
 ):
-    from support.repo import fetch_sglang
-
-    known = KNOWN[record_id]
-    versions = [known["ships_in"]["release"], known["fixed_in"]["release"]]
-    for version in versions:
-        release(version)
-    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
-    config = deployment_file(tmp_path, known["trigger"])
+    versions, config = advise_subject(record_id, release, tmp_path, monkeypatch)
     code, out, err = cli("advise", "--format", "json", "--config", config, "--releases", ",".join(versions))
     data = json.loads(out)
     findings = {
@@ -127,14 +133,7 @@ def test_advise_text_gives_the_catalog_one_column_that_names_the_records(
 ):
     """Forty records are one column (``NPC*``): the records flagged on each release, ``ok`` where
     none is; the table still fits 80 columns."""
-    from support.repo import fetch_sglang
-
-    known = KNOWN[record_id]
-    versions = [known["ships_in"]["release"], known["fixed_in"]["release"]]
-    for version in versions:
-        release(version)
-    monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
-    config = deployment_file(tmp_path, known["trigger"])
+    versions, config = advise_subject(record_id, release, tmp_path, monkeypatch)
     _, out, _ = cli("advise", "--config", config, "--select", record_id, "--releases", ",".join(versions))
     table = out.split("Recommendation:")[0].splitlines()
     assert "NPC*" in table[1] and all(len(line) <= 80 for line in table)
