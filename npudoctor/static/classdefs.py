@@ -23,7 +23,7 @@ import ast
 from pathlib import Path
 
 from npudoctor.static.dataflow import annotation_classes, subclasses, value_classes
-from npudoctor.static.source import ClassInfo, SourceTree
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 
 
 def instance_names(tree: SourceTree, cls: ClassInfo) -> set[str]:
@@ -38,6 +38,34 @@ def instance_names(tree: SourceTree, cls: ClassInfo) -> set[str]:
     return memo[id(cls)]
 
 
+def names_set_when_run(tree: SourceTree, cls: ClassInfo) -> set[str]:
+    """The names an instance of ``cls`` really has: the class-body names and ``__slots__`` of its
+    MRO, and ``self.<name>`` assigned by the methods that can run on it: its public and special
+    methods (``__init__`` first), each resolved through the MRO, and the methods they call on
+    ``self`` (``super()`` and ``Base.m(self)`` included); a private helper counts when one of
+    them calls it. Narrower than ``instance_names``: a base's ``__init__`` that the
+    class overrides without calling it assigns nothing on the instance (sglang#25249: the NPU MLA
+    pool's ``__init__`` never ran ``MLATokenToKVPool``'s, so ``self.kv_buffer`` was never set)."""
+    memo = tree.memo.setdefault("classdefs.run", {})
+    if id(cls) not in memo:
+        mro = tree.mro(cls)
+        names: set[str] = set()
+        methods: dict[tuple[int, str], FunctionRef] = {}
+        for klass in mro:
+            names |= klass.class_attributes | _slots(klass)
+            for name in klass.methods:
+                if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                    continue  # a private helper runs when something calls it (followed below)
+                resolved = tree.lookup(mro, name)
+                if resolved is not None and (id(resolved.owner), name) not in methods:
+                    for ref in tree.methods_reached(mro, resolved):
+                        methods.setdefault((id(ref.owner), ref.name), ref)
+        for ref in methods.values():
+            names |= _assigned_in(ref.node)
+        memo[id(cls)] = names
+    return memo[id(cls)]
+
+
 def has_dynamic_attributes(tree: SourceTree, cls: ClassInfo) -> bool:
     """An external base or a ``__getattr__``/``__getattribute__`` in the MRO: a name missing from
     the source may still exist at run time."""
@@ -48,6 +76,14 @@ def has_dynamic_attributes(tree: SourceTree, cls: ClassInfo) -> bool:
 
 def attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[ClassInfo]:
     """Classes ``self.<attr>`` of a ``cls`` is declared as (class-body annotation) or assigned from."""
+    memo = tree.memo.setdefault("classdefs.attribute_classes", {})
+    key = (id(cls), attr)
+    if key not in memo:
+        memo[key] = _attribute_classes(tree, cls, attr)
+    return memo[key]
+
+
+def _attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[ClassInfo]:
     for klass in tree.mro(cls):
         for stmt in klass.node.body:
             if (
@@ -56,6 +92,20 @@ def attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[Class
                 and stmt.target.id == attr
             ):
                 return annotation_classes(tree, klass.path, stmt.annotation)
+        for annotation, value in _instance_assignments(tree, klass).get(attr, ()):
+            found = annotation_classes(tree, klass.path, annotation) if annotation is not None else []
+            found = found or (value_classes(tree, klass.path, value) if value is not None else [])
+            if found:
+                return found
+    return []
+
+
+def _instance_assignments(tree: SourceTree, klass: ClassInfo) -> dict[str, list[tuple[ast.expr | None, ast.expr | None]]]:
+    """``self.<attr> = value`` (and annotated) assignments in ``klass``'s methods, by attribute, in
+    the order ``attribute_classes`` tries them; one walk per class."""
+    memo = tree.memo.setdefault("classdefs.assignments", {})
+    if id(klass) not in memo:
+        found: dict[str, list[tuple[ast.expr | None, ast.expr | None]]] = {}
         for method in klass.methods.values():
             for node in ast.walk(method):
                 target = value = annotation = None
@@ -63,13 +113,10 @@ def attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[Class
                     target, value = node.targets[0], node.value
                 elif isinstance(node, ast.AnnAssign):
                     target, value, annotation = node.target, node.value, node.annotation
-                if not (_is_self_attribute(target) and target.attr == attr):
-                    continue
-                found = annotation_classes(tree, klass.path, annotation) if annotation is not None else []
-                found = found or (value_classes(tree, klass.path, value) if value is not None else [])
-                if found:
-                    return found
-    return []
+                if _is_self_attribute(target):
+                    found.setdefault(target.attr, []).append((annotation, value))
+        memo[id(klass)] = found
+    return memo[id(klass)]
 
 
 def call_assigned_to(tree: SourceTree, cls: ClassInfo, attr: str) -> tuple[ast.Call, Path] | None:
@@ -91,8 +138,35 @@ def call_assigned_to(tree: SourceTree, cls: ClassInfo, attr: str) -> tuple[ast.C
 
 def _assigned_on_instance(klass: ClassInfo) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(klass.node):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self_attribute(node):
+    for node in ast.walk(klass.node):  # setattr(self or anything, "<name>", ...) in the class body too
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            names.add(str(node.args[1].value))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self_attribute(node):
+            names.add(node.attr)
+    for method in klass.methods.values():
+        names |= _assigned_in(method)
+    return names
+
+
+def _assigned_in(method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Names ``method`` assigns on its instance: ``self.<name> = ...`` (through its first
+    parameter whatever it is called, closures included) and ``setattr(..., "<name>", ...)``."""
+    first = (method.args.posonlyargs + method.args.args)[:1]
+    me = first[0].arg if first else "self"
+    names: set[str] = set()
+    for node in ast.walk(method):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in (me, "self")
+        ):
             names.add(node.attr)
         elif (
             isinstance(node, ast.Call)
@@ -102,18 +176,6 @@ def _assigned_on_instance(klass: ClassInfo) -> set[str]:
             and isinstance(node.args[1], ast.Constant)
         ):
             names.add(str(node.args[1].value))
-    for method in klass.methods.values():  # the instance under another name than ``self``
-        first = (method.args.posonlyargs + method.args.args)[:1]
-        if first and first[0].arg != "self":
-            me = first[0].arg
-            names |= {
-                node.attr
-                for node in ast.walk(method)
-                if isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == me
-            }
     return names
 
 

@@ -166,15 +166,22 @@ def base_call(
 def locally_imported(ref: FunctionRef, name: str) -> FunctionRef | None:
     """A function ``ref`` imports inside its own body (``from sglang.x import f`` in a function)."""
     tree = ref.tree
+    memo = tree.memo.setdefault("walker.local_imports", {})
     scope: FunctionRef | None = ref
     while scope is not None:
-        for node in ast.walk(scope.node):
-            if isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if (alias.asname or alias.name) == name:
-                        target = tree.module_path(tree.absolute_module(ref.path, node))
-                        if target is not None:
-                            return module_function(tree, target, alias.name)
+        imports = memo.get(id(scope.node))
+        if imports is None:  # the first ``from ... import`` of each name, in ``ast.walk`` order
+            imports = {}
+            for node in ast.walk(scope.node):
+                if isinstance(node, ast.ImportFrom):
+                    for alias in node.names:
+                        imports.setdefault(alias.asname or alias.name, (node, alias.name))
+            memo[id(scope.node)] = imports
+        if name in imports:
+            node, imported = imports[name]
+            target = tree.module_path(tree.absolute_module(ref.path, node))
+            if target is not None:
+                return module_function(tree, target, imported)
         scope = scope.outer
     return None
 

@@ -1,0 +1,316 @@
+"""What a condition in sglang's source is on an Ascend host: true, false, or not known from the source.
+
+sglang keeps the code of every device in one tree and picks with conditions: ``if _is_npu:``,
+``if is_cuda() and not _use_aiter:``, ``if not (_is_cuda or _is_hip): ...``, with the flags bound
+once at module level (``_is_npu = is_npu()``). Whether a kernel, an import or an attribute read is
+on the NPU path is decided by these conditions, so every property over the path
+(``npudoctor.static.npupath``) asks the same question: is this test true on an Ascend host?
+
+The answer comes from the device predicates of ``sglang.srt.utils`` (``is_npu()`` is true on
+Ascend; ``is_cuda()``, ``is_hip()``, ``is_cpu()``, ``is_xpu()``, ``is_musa()``, the SM and gfx
+probes and the CUDA-only library probes are false there, and so are ``torch.version.cuda`` and
+``torch.version.hip``: an Ascend host runs a CPU build of torch with torch_npu), the module-level
+names bound from them (followed through ``from ... import`` to the module that binds them), and
+``and``/``or``/``not`` over those. Anything else (an env variable, a server argument, a
+capability probe of the NPU itself such as ``is_npu_arch35()``) is ``None``: not known, so both
+branches are kept. A property never prunes a branch it cannot prove dead.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from npudoctor.static.source import SourceTree, flatten_conditional
+
+# sglang.srt.utils' device predicates, by their value on an Ascend host
+TRUE_ON_NPU = frozenset({"is_npu"})
+FALSE_ON_NPU = re.compile(
+    r"(is_(cuda|cuda_alike|hip|hip_runtime|cpu|xpu|musa|mps|hpu|sail|rocm|habana_available"
+    r"|flashinfer_available|triton_kernels_available|fp8_fnuz|blackwell\w*|hopper\w*|sm\d+\w*"
+    r"|gfx\d+\w*|nvidia\w*|mnnvl\w*|fi_a2a_supported)"
+    r"|cpu_has_amx_support|use_aiter|_is_intel_amx_backend_available)"
+)
+# attribute chains with a known value on an Ascend host (CPU torch + torch_npu)
+# Top-level packages an Ascend host lacks: CUDA (or ROCm) kernel libraries and CUDA driver
+# bindings that sglang's CUDA wheel requires and its Ascend install does not carry (sglang's
+# ``pyproject_other.toml`` ``srt_npu`` extra, later ``pyproject_npu.toml``, plus torch_npu,
+# triton-ascend and sgl-kernel-npu, which provides ``sgl_kernel_npu`` and ``deep_ep``). An
+# import of one raises ``ImportError`` there. ``checks/npp002_cuda_only_code`` says why each.
+ABSENT_ON_ASCEND = frozenset(
+    {
+        "sgl_kernel",
+        "vllm",
+        "flashinfer",
+        "deep_gemm",
+        "flash_attn",
+        "flash_attn_interface",
+        "flash_mla",
+        "cutlass",
+        "cuda",
+        "nvshmem",
+        "quack",
+        "humming",
+        "tilelang",
+        "triton_kernels",
+        "fast_hadamard_transform",
+        "aiter",
+        "wave_lang",
+        "petit_kernel",
+        "mori",
+    }
+)
+_KNOWN_ATTRIBUTES = {"torch.version.cuda": False, "torch.version.hip": False, "typing.TYPE_CHECKING": False}
+_FALSE_CALLS = {"torch.cuda.is_available": False}
+
+
+def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) -> bool | None:
+    """``test`` (an expression in the module at ``path``) on an Ascend host: True, False or None."""
+    if _depth > 6:
+        return None
+    if isinstance(test, ast.BoolOp):
+        values = [value_on_npu(tree, path, v, _depth + 1) for v in test.values]
+        if isinstance(test.op, ast.And):
+            return False if False in values else True if all(v is True for v in values) else None
+        return True if True in values else False if all(v is False for v in values) else None
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = value_on_npu(tree, path, test.operand, _depth + 1)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Call):
+        name = _dotted(test.func)
+        if name in _FALSE_CALLS:
+            return _FALSE_CALLS[name]
+        short = name.rpartition(".")[2] if name else ""
+        if short in TRUE_ON_NPU:
+            return True
+        if short and FALSE_ON_NPU.fullmatch(short):
+            return False
+        if isinstance(test.func, ast.Name) and not test.args and not test.keywords:
+            return _returned_on_npu(tree, path, test.func.id, _depth + 1)
+        return None
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if isinstance(test, ast.Attribute):
+        text = _dotted(test)
+        if text in _KNOWN_ATTRIBUTES:
+            return _KNOWN_ATTRIBUTES[text]
+        # ``get_platform().is_sm100`` and the like: a CUDA capability read
+        if FALSE_ON_NPU.fullmatch(test.attr):
+            return False
+        return None
+    if isinstance(test, ast.Name):
+        if test.id == "TYPE_CHECKING":  # typing's: False whenever the code runs
+            return False
+        bound = module_binding(tree, path, test.id)
+        if bound is None:
+            return None
+        bound_path, value = bound
+        return value_on_npu(tree, bound_path, value, _depth + 1)
+    return None
+
+
+def _returned_on_npu(tree: SourceTree, path: Path, name: str, depth: int) -> bool | None:
+    """What calling the sglang function ``name`` (defined at the top of ``path`` or imported from
+    an sglang module) with no arguments returns on an Ascend host, when every ``return`` it can
+    reach there agrees (``ENABLE_JIT_DEEPGEMM = _compute_enable_deep_gemm()``, whose ``if not
+    (_is_cuda or _is_musa): return False`` ends it on NPU); None otherwise."""
+    found = _function_def(tree, path, name)
+    if found is None:
+        return None
+    def_path, node = found
+    if node.args.args or node.args.posonlyargs or node.args.vararg:
+        return None
+    # a test or value naming a local (``x = probe(); return x``) is not the module-level ``x``
+    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    values: set[bool | None] = set()
+    falls = _collect_returns(tree, def_path, node.body, values, depth, frozenset(local))
+    if falls:
+        values.add(False)  # the implicit ``return None``
+    return values.pop() if len(values) == 1 else None
+
+
+def _collect_returns(
+    tree: SourceTree, path: Path, body: list[ast.stmt], values: set, depth: int, local: frozenset[str]
+) -> bool:
+    """Adds the NPU values of the ``return``s an Ascend host can reach in ``body`` to ``values``;
+    whether the block can end without returning (a ``try`` counts as both)."""
+    for stmt in body:
+        if isinstance(stmt, ast.Return):
+            values.add(False if stmt.value is None else _local_value(tree, path, stmt.value, depth, local))
+            return False
+        if isinstance(stmt, ast.Raise):
+            return False
+        if isinstance(stmt, ast.If):
+            value = _local_value(tree, path, stmt.test, depth, local)
+            falls = False
+            if value is not False:
+                falls |= _collect_returns(tree, path, stmt.body, values, depth, local)
+            if value is not True:
+                falls |= _collect_returns(tree, path, stmt.orelse, values, depth, local)
+            if not falls:
+                return False
+        elif isinstance(stmt, ast.Try) and _fails_on_npu(stmt.body) is not None:
+            # ``try: import deep_gemm`` / ``except ImportError: return False``: on an Ascend host
+            # the import raises, so the statements before it and the handler run
+            handler = next((h for h in stmt.handlers if _catches_import_error(h)), None)
+            if handler is None:
+                return False
+            before = stmt.body[: _fails_on_npu(stmt.body) or 0]
+            if not _collect_returns(tree, path, before, values, depth, local):
+                return False
+            if not _collect_returns(tree, path, handler.body, values, depth, local):
+                return False
+        elif isinstance(stmt, (ast.Try, ast.For, ast.While, ast.With, ast.Match)):
+            for block in _blocks(stmt):
+                _collect_returns(tree, path, block, values, depth, local)
+    return True
+
+
+def _local_value(tree: SourceTree, path: Path, expr: ast.expr, depth: int, local: frozenset[str]) -> bool | None:
+    if any(isinstance(n, ast.Name) and n.id in local for n in ast.walk(expr)):
+        return None
+    return value_on_npu(tree, path, expr, depth)
+
+
+def _fails_on_npu(body: list[ast.stmt]) -> int | None:
+    """The index in ``body`` of the first statement that imports a package an Ascend host lacks
+    (``ABSENT_ON_ASCEND``), if any: that statement raises ``ImportError`` there."""
+    for index, stmt in enumerate(body):
+        if isinstance(stmt, ast.Import) and any(a.name.split(".")[0] in ABSENT_ON_ASCEND for a in stmt.names):
+            return index
+        if (
+            isinstance(stmt, ast.ImportFrom)
+            and not stmt.level
+            and (stmt.module or "").split(".")[0] in ABSENT_ON_ASCEND
+        ):
+            return index
+    return None
+
+
+def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    if isinstance(stmt, ast.Try):
+        return [stmt.body, stmt.orelse, stmt.finalbody, *(h.body for h in stmt.handlers)]
+    if isinstance(stmt, ast.Match):
+        return [case.body for case in stmt.cases]
+    return [stmt.body, getattr(stmt, "orelse", [])]
+
+
+def _function_def(tree: SourceTree, path: Path, name: str, _depth: int = 0) -> tuple[Path, ast.FunctionDef] | None:
+    """The one top-level ``def name`` of the module at ``path``, or of the sglang module it is imported from."""
+    module = tree.parse(path) if _depth < 4 else None
+    if module is None:
+        return None
+    defs = [s for s in flatten_conditional(module.body) if isinstance(s, ast.FunctionDef) and s.name == name]
+    if defs:
+        return (path, defs[0]) if len(defs) == 1 else None
+    for stmt in flatten_conditional(module.body):
+        if isinstance(stmt, ast.ImportFrom) and stmt.module is not None:
+            for alias in stmt.names:
+                if (alias.asname or alias.name) == name:
+                    source = tree.module_path(tree.absolute_module(path, stmt))
+                    if source is not None and source != path:
+                        return _function_def(tree, source, alias.name, _depth + 1)
+    return None
+
+
+def module_binding(tree: SourceTree, path: Path, name: str, _depth: int = 0) -> tuple[Path, ast.expr] | None:
+    """The expression a module-level ``name = <expr>`` binds in ``path`` (or in the sglang module
+    it is imported from), with the module it is written in; None when it is not bound that way
+    (assigned twice with different values, a parameter, a function, outside sglang)."""
+    memo = tree.memo.setdefault("npuguards.bindings", {})
+    key = (path, name)
+    if key in memo:
+        return memo[key]
+    memo[key] = None  # cycles
+    found: tuple[Path, ast.expr] | None = None
+    module = tree.parse(path) if _depth < 6 else None
+    values: list[ast.expr] = []
+    if module is not None:
+        for stmt in flatten_conditional(module.body):
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id == name
+            ):
+                values.append(stmt.value)
+            elif isinstance(stmt, ast.ImportFrom) and stmt.module is not None:
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) == name:
+                        source = tree.module_path(tree.absolute_module(path, stmt))
+                        if source is not None and source != path:
+                            found = module_binding(tree, source, alias.name, _depth + 1)
+    if values:  # bound once, or several times to the same expression (``_is_xpu = is_xpu()`` twice)
+        found = (path, values[0]) if len({ast.dump(v) for v in values}) == 1 else None
+    memo[key] = found
+    return found
+
+
+def guarded_statements(
+    tree: SourceTree, path: Path, body: list[ast.stmt] | None = None
+) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every statement of a block (the module's top level by default) that runs on an Ascend host,
+    with whether a ``try`` around it catches ``ImportError`` (so a failed import there is handled).
+    Branches whose test is False on NPU are left out, ``if``/``else`` whose test is not known are
+    both kept, and nested functions and classes are not entered (their bodies run later, if ever)."""
+    if body is None:
+        module = tree.parse(path)
+        body = module.body if module is not None else []
+    yield from _walk_block(tree, path, body, caught=False)
+
+
+def _walk_block(tree: SourceTree, path: Path, body: list[ast.stmt], caught: bool) -> Iterator[tuple[ast.stmt, bool]]:
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            value = value_on_npu(tree, path, stmt.test)
+            if value is not False:
+                yield from _walk_block(tree, path, stmt.body, caught)
+            if value is not True:
+                yield from _walk_block(tree, path, stmt.orelse, caught)
+        elif isinstance(stmt, ast.Try):
+            handles = caught or any(_catches_import_error(h) for h in stmt.handlers)
+            yield from _walk_block(tree, path, stmt.body, handles)
+            for handler in stmt.handlers:
+                yield from _walk_block(tree, path, handler.body, caught)
+            yield from _walk_block(tree, path, stmt.orelse, caught)
+            yield from _walk_block(tree, path, stmt.finalbody, caught)
+        elif isinstance(stmt, (ast.With,)):
+            yield from _walk_block(tree, path, stmt.body, caught)
+        else:
+            yield stmt, caught
+
+
+def off_npu_test(tree: SourceTree, path: Path, chain: list[tuple[ast.If, bool]]) -> ast.If | None:
+    """The first test of an enclosing-``if`` chain (as ``dataflow.enclosing_tests`` gives it: the
+    ``if`` and whether the node sits in its body) that makes the node unreachable on NPU, if any."""
+    for test, taken in chain:
+        value = value_on_npu(tree, path, test.test)
+        if value is not None and value != taken:
+            return test
+    return None
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(
+        _dotted(n).rpartition(".")[2] in {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+        for n in names
+    )
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    if isinstance(node, ast.Call):  # get_platform().is_sm100
+        inner = _dotted(node.func)
+        return f"{inner}().{'.'.join(reversed(parts))}" if inner else ""
+    return ""

@@ -1,0 +1,312 @@
+"""The deployment's whole NPU path, read from the source: the classes a role builds on Ascend and
+the functions they run, with the branches an Ascend host cannot take left out.
+
+The seven checks each follow one path (NPD001 the retraction's CPU copy, NPD005 the offload calls,
+NPD004 the CP prefill). The generic properties (``checks/npp00*``) ask one question of *every*
+function a deployment runs on an NPU: does each attribute read resolve on the class built
+(sglang#25249: ``NPUMLATokenToKVPool`` read ``self.kv_buffer`` it never defines), does each call
+bind, is anything CUDA-only reachable (sglang#17453: a Qwen3 multimodal model imported vllm on
+NPU), does a Triton grid that scales with tokens stay under Ascend's 65535 (sglang#23815). They
+share this walk, so they judge the same path.
+
+* **Roots** (``_root_classes``), per role: the model classes of the architectures in config.json;
+  the attention backend the ascend backend builds (``AscendAttnBackend``, and for hybrid linear-
+  attention models the NPU hybrid and GDN backends); the NPU KV pool of the model's attention
+  family (``poolclasses.npu_pool_classes``), the NPU paged allocator; the NPU graph runner unless
+  ``--disable-cuda-graph``; the Ascend PD transfer classes for a PD role. All are found by name
+  wherever a release keeps them; a root the release lacks is recorded in ``skipped``.
+* **What they build**: the classes constructed on the way (``Class(...)`` in a constructor, also
+  inside the ``lambda`` handed to ``make_layers``), transitively; an NPU-dead branch builds nothing.
+* **What runs**: from each class's ``__init__`` and ``forward`` (``forward_npu`` when the class
+  has one: sglang's platform dispatch runs it on NPU) and every public method of the roots (the
+  scheduler and model runner call them), the calls that run on NPU (``reachable_calls``) are
+  followed through ``walker.CallResolver``, ``self.<module>(...)`` into that module's forward, and
+  constructors into ``__init__``; at most ``MAX_DEPTH`` calls deep and ``MAX_FUNCTIONS`` functions.
+* **What an Ascend host cannot run** is left out: the other device's twins (``forward_cuda``,
+  ``forward_hip``, ...) and every branch ``npuguards.value_on_npu`` proves false on NPU.
+
+The walk is flow-insensitive and over-approximates (a method of a built class is taken as run),
+which is the sound direction for a property that must not pass a crash; each property's triage
+over the wheels (``tests/data/properties/``) is what keeps it free of false alarms.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npudoctor.deployment.facts import Facts, RoleFacts
+from npudoctor.static.classdefs import attribute_classes
+from npudoctor.static.npuguards import value_on_npu
+from npudoctor.static.poolclasses import GENERIC_POOL, npu_pool_classes, pool_family
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static.walker import CallResolver, Frame, PathWalker, method_on
+
+MAX_DEPTH = 4
+MAX_FUNCTIONS = 4000
+MAX_BUILT_CLASSES = 600
+
+# twins sglang's platform dispatch runs on other devices only
+OTHER_DEVICE_METHOD = re.compile(r"(forward|_forward)_(cuda|hip|cpu|xpu|musa|hpu|mps|aiter|flashinfer)\w*")
+_ROOT_NAMES = {
+    "attention": ("AscendAttnBackend",),
+    "hybrid": ("AscendHybridLinearAttnBackend", "AscendGDNAttnBackend"),
+    "allocator": ("NPUPagedTokenToKVPoolAllocator", "AscendPagedTokenToKVPoolAllocator"),
+    "graph": ("NPUGraphRunner",),
+    "transfer": ("AscendKVManager", "AscendKVSender", "AscendKVReceiver", "AscendTransferEngine"),
+}
+
+
+@dataclass
+class RolePath:
+    """One role's NPU path: the classes it builds, the functions it runs (each with the class it
+    runs on), their modules, and what was left out and why."""
+
+    role: RoleFacts | None
+    name: str
+    roots: list[ClassInfo] = field(default_factory=list)
+    classes: list[ClassInfo] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
+    modules: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+
+def role_paths(tree: SourceTree, facts: Facts) -> list[RolePath]:
+    """The NPU path of every role of the deployment (memoised per tree and deployment). With no
+    roles described, one server is assumed; with no model, the backend, both pool families, the
+    allocator and the graph runner are walked, and the assumption is recorded."""
+    memo = tree.memo.setdefault("npupath", {})
+    key = repr(facts.to_dict())
+    if key not in memo:
+        roles: list[RoleFacts | None] = list(facts.roles) or [None]
+        memo[key] = [_build(tree, facts, role) for role in roles]
+    return memo[key]
+
+
+def reachable_calls(frame: Frame) -> Iterator[ast.Call]:
+    """The calls of a function that run on NPU: its own calls (lambdas included, nested
+    functions not), outside every branch ``npuguards`` proves false on NPU."""
+    for node in live_nodes(frame.function):
+        if isinstance(node, ast.Call):
+            yield node
+
+
+def live_nodes(ref: FunctionRef) -> list[ast.AST]:
+    """The nodes of a function body an Ascend host can run, in source order (memoised per tree):
+    ``if``/``elif``/``else`` and conditional expressions are entered only on the sides
+    ``value_on_npu`` does not prove false; nested functions and classes are not entered (a
+    closure runs when it is called, and the walk follows that call)."""
+    memo = ref.tree.memo.setdefault("npupath.live", {})
+    key = id(ref.node)
+    if key not in memo:
+        found: list[ast.AST] = []
+        _collect(ref.tree, ref.path, list(ref.node.body), found)
+        found.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+        memo[key] = found
+    return memo[key]
+
+
+def _collect(tree: SourceTree, path: Path, nodes: list[ast.AST], found: list[ast.AST]) -> None:
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.If, ast.IfExp)):
+            found.append(node)
+            stack.append(node.test)
+            value = value_on_npu(tree, path, node.test)
+            body = node.body if isinstance(node.body, list) else [node.body]
+            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            if value is not False:
+                stack.extend(body)
+            if value is not True:
+                stack.extend(orelse)
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+
+
+# ----- building one role's path -------------------------------------------------------------------
+def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
+    name = role.name if role is not None else "server (assumed)"
+    path = RolePath(role, name)
+    if role is None:
+        path.assumptions.append("no roles given: assumed one server with the NPU defaults")
+    path.roots = _root_classes(tree, facts, role, path)
+    walked = tree.memo.setdefault("npupath.walked", {})
+    key = tuple(id(c) for c in path.roots)
+    if key in walked:  # another role that builds the same classes (PD prefill and decode)
+        path.classes, path.frames, path.modules = walked[key]
+        return path
+    path.classes = _built_classes(tree, path.roots)
+    resolver = CallResolver(tree)
+    frames: list[Frame] = []
+    built = {id(c) for c in path.classes}
+
+    def visit(frame: Frame) -> Iterator[Frame]:
+        frames.append(frame)
+        for call in reachable_calls(frame):
+            yield from _callees(tree, resolver, frame, call, built)
+
+    walker = PathWalker(visit, max_depth=MAX_DEPTH, max_functions=MAX_FUNCTIONS)
+    root_ids = {id(c) for c in path.roots}
+    for cls in path.classes:
+        for method in _entry_methods(tree, cls, every_public=id(cls) in root_ids):
+            walker.walk(Frame(method, cls))
+    path.frames = frames
+    modules = {f.function.path: None for f in frames}
+    for cls in path.classes:
+        modules.setdefault(cls.path, None)
+    path.modules = list(modules)
+    walked[key] = path.classes, path.frames, path.modules
+    return path
+
+
+def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: RolePath) -> list[ClassInfo]:
+    model = facts.model
+    roots: list[ClassInfo] = []
+
+    def named(kind: str, *names: str, required: bool = True) -> None:
+        found = [c for n in names for c in tree.find_classes(n, under="srt")]
+        if not found and required:
+            path.skipped.append(f"{kind}: no class {' / '.join(names)} in this release")
+        roots.extend(found)
+
+    if model is None:
+        path.assumptions.append("no model config given: walked the NPU pools of both attention families")
+    else:
+        for arch in model.architectures:
+            found = tree.find_classes(arch, under="srt/models")
+            if not found:
+                path.skipped.append(f"model: no class {arch} under sglang/srt/models in this release")
+            roots.extend(found[:1])
+    backend = role.attention_backend if role is not None else "ascend"
+    if backend == "ascend":
+        named("attention backend", *_ROOT_NAMES["attention"])
+        if model is not None and model.hybrid_linear_layers:
+            named("hybrid attention backend", *_ROOT_NAMES["hybrid"], required=False)
+    families = [pool_family(model.attention)] if model is not None else ["mla", "mha"]
+    for family in families:
+        pools = npu_pool_classes(tree, family)
+        exact = [c for c in pools if c.name in (f"NPU{GENERIC_POOL[family]}", f"Ascend{GENERIC_POOL[family]}")]
+        roots.extend(exact or pools)
+        if not pools:
+            path.skipped.append(f"KV pool: no NPU subclass of {GENERIC_POOL[family]} in this release")
+    named("allocator", *_ROOT_NAMES["allocator"])
+    args = role.server_args if role is not None else {}
+    if not args.get("disable_cuda_graph"):
+        named("graph runner", *_ROOT_NAMES["graph"])
+    if role is not None and role.disaggregation_mode in ("prefill", "decode") and (
+        role.transfer_backend in (None, "ascend")
+    ):
+        named("PD transfer", *_ROOT_NAMES["transfer"], required=False)
+    unique = {id(c): c for c in roots}
+    return list(unique.values())
+
+
+def _built_classes(tree: SourceTree, roots: list[ClassInfo]) -> list[ClassInfo]:
+    """The roots and every class their constructors build on NPU, transitively (breadth first)."""
+    built: dict[int, ClassInfo] = {id(c): c for c in roots}
+    queue = list(roots)
+    while queue and len(built) < MAX_BUILT_CLASSES:
+        cls = queue.pop(0)
+        for klass in tree.mro(cls):
+            init = klass.methods.get("__init__")
+            if init is None:
+                continue
+            ref = FunctionRef.method(klass, init)
+            for node in live_nodes(ref):
+                if not isinstance(node, ast.Call):
+                    continue
+                made = _constructed(tree, ref, node)
+                if made is not None and id(made) not in built:
+                    built[id(made)] = made
+                    queue.append(made)
+    return list(built.values())
+
+
+def _constructed(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> ClassInfo | None:
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else ast.unparse(func) if isinstance(func, ast.Attribute) else ""
+    if not name or not name.rpartition(".")[2][:1].isupper():
+        return None
+    return tree.resolve_name(ref.path, name)
+
+
+def _dispatched_on_npu(tree: SourceTree, targets: list, built: set[int]) -> list:
+    """Of a virtual call's implementations (the declared class and every subclass in the tree), the
+    ones an NPU deployment runs: those of classes it builds, else the NPU/Ascend ones, else the
+    declared class's own. Following every subclass would walk every quantisation method and
+    CUDA backend of the release; none of them runs here. sglang's separate diffusion runtime
+    (``sglang/multimodal_gen``) is never on an srt deployment's path."""
+    targets = [t for t in targets if "/multimodal_gen/" not in str(t[0].path)]
+    if len({id(t[1]) for t in targets}) <= 1:
+        return targets
+    for keep in (
+        lambda t: t[1] is not None and id(t[1]) in built,
+        lambda t: t[1] is not None and _is_npu_class(tree, t[1]),
+    ):
+        chosen = [t for t in targets if keep(t)]
+        if chosen:
+            return chosen
+    return targets[:1]
+
+
+def _is_npu_class(tree: SourceTree, cls: ClassInfo) -> bool:
+    rel = tree.relpath(cls.path).lower()
+    return cls.name.startswith(("NPU", "Ascend", "Npu")) or "/npu/" in rel or "ascend" in rel
+
+
+def _entry_methods(tree: SourceTree, cls: ClassInfo, every_public: bool) -> Iterator[FunctionRef]:
+    names = ["__init__", "forward_npu" if method_on(tree, cls, "forward_npu") else "forward"]
+    if every_public:
+        seen = set(names)
+        for klass in tree.mro(cls):
+            for method in klass.methods:
+                if method not in seen and not method.startswith("_") and not OTHER_DEVICE_METHOD.fullmatch(method):
+                    seen.add(method)
+                    names.append(method)
+    for method in names:
+        found = method_on(tree, cls, method)
+        if found is not None:
+            yield found
+
+
+def _callees(
+    tree: SourceTree, resolver: CallResolver, frame: Frame, call: ast.Call, built: set[int]
+) -> Iterator[Frame]:
+    func = call.func
+    if isinstance(func, ast.Attribute) and OTHER_DEVICE_METHOD.fullmatch(func.attr):
+        return
+    try:
+        targets = resolver.resolve(frame.function, frame.self_cls, call)
+    except (RecursionError, ValueError):
+        targets = None
+    if targets:
+        for function, self_cls, _bound in _dispatched_on_npu(tree, targets, built):
+            yield Frame(function, self_cls)
+        return
+    # self.<module>(...): nn.Module.__call__ runs the module's forward (forward_npu on NPU)
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+        and frame.self_cls is not None
+    ):
+        for klass in attribute_classes(tree, frame.self_cls, func.attr):
+            for method in ("forward_npu", "forward"):
+                found = method_on(tree, klass, method)
+                if found is not None:
+                    yield Frame(found, klass)
+                    break
+        return
+    made = _constructed(tree, frame.function, call)
+    if made is not None:
+        init = method_on(tree, made, "__init__")
+        if init is not None:
+            yield Frame(init, made)
