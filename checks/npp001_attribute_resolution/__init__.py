@@ -37,29 +37,13 @@ from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
 from npudoctor.results import Evidence, Location, Status
 from npudoctor.static.classdefs import names_set_when_run
-from npudoctor.static.npuguards import value_on_npu
-from npudoctor.static.npupath import RolePath, role_paths
+from npudoctor.static.npupath import RolePath, role_paths, unconditional_nodes
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.target.discovery import Target
 
 # torch.nn.Module's instance API (torch 2.x): methods and the attributes Module.__init__ sets
 NN_MODULE_NAMES = frozenset(
-    """
-    training _parameters _buffers _non_persistent_buffers_set _backward_pre_hooks _backward_hooks
-    _is_full_backward_hook _forward_hooks _forward_hooks_with_kwargs _forward_hooks_always_called
-    _forward_pre_hooks _forward_pre_hooks_with_kwargs _state_dict_hooks _state_dict_pre_hooks
-    _load_state_dict_pre_hooks _load_state_dict_post_hooks _modules call_super_init _compiled_call_impl
-    dump_patches _version forward register_buffer register_parameter add_module register_module
-    get_submodule set_submodule get_parameter get_buffer get_extra_state set_extra_state _apply apply
-    cuda ipu xpu mtia cpu type float double half bfloat16 to_empty to register_full_backward_pre_hook
-    register_backward_hook register_full_backward_hook register_forward_pre_hook register_forward_hook
-    _call_impl _wrapped_call_impl __call__ __setstate__ __getattr__ __setattr__ __delattr__
-    _register_state_dict_hook register_state_dict_pre_hook _save_to_state_dict state_dict
-    _register_load_state_dict_pre_hook register_load_state_dict_pre_hook register_load_state_dict_post_hook
-    _load_from_state_dict load_state_dict _named_members parameters named_parameters buffers
-    named_buffers children named_children modules named_modules train eval requires_grad_ zero_grad
-    share_memory _get_name extra_repr __repr__ __dir__ _replicate_for_data_parallel compile npu
-    """.split()
+    ["training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_backward_pre_hooks", "_backward_hooks", "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_modules", "call_super_init", "_compiled_call_impl", "dump_patches", "_version", "forward", "register_buffer", "register_parameter", "add_module", "register_module", "get_submodule", "set_submodule", "get_parameter", "get_buffer", "get_extra_state", "set_extra_state", "_apply", "apply", "cuda", "ipu", "xpu", "mtia", "cpu", "type", "float", "double", "half", "bfloat16", "to_empty", "to", "register_full_backward_pre_hook", "register_backward_hook", "register_full_backward_hook", "register_forward_pre_hook", "register_forward_hook", "_call_impl", "_wrapped_call_impl", "__call__", "__setstate__", "__getattr__", "__setattr__", "__delattr__", "_register_state_dict_hook", "register_state_dict_pre_hook", "_save_to_state_dict", "state_dict", "_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook", "register_load_state_dict_post_hook", "_load_from_state_dict", "load_state_dict", "_named_members", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules", "named_modules", "train", "eval", "requires_grad_", "zero_grad", "share_memory", "_get_name", "extra_repr", "__repr__", "__dir__", "_replicate_for_data_parallel", "compile", "npu"]
 )
 _NN_MODULE_BASES = frozenset({"nn.Module", "torch.nn.Module", "Module", "torch.nn.modules.module.Module"})
 _REGISTERS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
@@ -145,11 +129,13 @@ class AttributeResolution(Check):
 
 
 def _judged_frames(tree: SourceTree, path: RolePath, not_judged: dict[str, str]):
-    """Frames that run on an instance of a class the role builds, whose names the source can settle."""
+    """Frames that run on an instance of a class the role builds, whose names the source can
+    settle, and that run whenever their entry runs (``Frame.state``: reached through calls no
+    undecidable condition guards)."""
     built = {id(c) for c in path.classes}
     for frame in path.frames:
         cls = frame.self_cls
-        if cls is None or id(cls) not in built or frame.function.owner is None:
+        if cls is None or id(cls) not in built or frame.function.owner is None or not frame.state:
             continue
         why = _dynamic(tree, cls)
         if why:
@@ -183,7 +169,7 @@ def unresolved_reads(tree: SourceTree, function: FunctionRef, cls: ClassInfo) ->
     names = _names_of(tree, cls)
     guarded = _guarded_names(function, receiver)
     found = []
-    for node in _unconditional_nodes(tree, function):
+    for node in unconditional_nodes(function):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.ctx, ast.Load)
@@ -194,48 +180,6 @@ def unresolved_reads(tree: SourceTree, function: FunctionRef, cls: ClassInfo) ->
             and not (node.attr.startswith("__") and node.attr.endswith("__"))
         ):
             found.append((node.attr, node.lineno))
-    return found
-
-
-def _unconditional_nodes(tree: SourceTree, function: FunctionRef) -> list[ast.AST]:
-    """The nodes of ``function`` that run every time it runs on NPU: outside ``if``/``while``
-    bodies whose test is not known on NPU (a test known true or false keeps or drops its side),
-    conditional expressions, the later operands of ``and``/``or``, exception handlers and ``try``
-    bodies that catch ``AttributeError``; nested functions and classes are not entered."""
-    found: list[ast.AST] = []
-    path = function.path
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return
-        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
-            visit(node.test)
-            value = value_on_npu(tree, path, node.test)
-            body = node.body if isinstance(node.body, list) else [node.body]
-            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
-            if value is True and not isinstance(node, ast.While):
-                for child in body:
-                    visit(child)
-            elif value is False:
-                for child in orelse:
-                    visit(child)
-            return
-        if isinstance(node, ast.BoolOp):
-            visit(node.values[0])
-            return
-        if isinstance(node, ast.Try):
-            if not any(_catches_attribute_error(h) for h in node.handlers):
-                for child in node.body:
-                    visit(child)
-            for child in node.finalbody:
-                visit(child)
-            return
-        found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    for stmt in function.node.body:
-        visit(stmt)
     return found
 
 
@@ -291,13 +235,6 @@ def _guarded_names(function: FunctionRef, receiver: str) -> set[str]:
         and isinstance(node.args[1], ast.Constant)
         and isinstance(node.args[1].value, str)
     }
-
-
-def _catches_attribute_error(handler: ast.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
-    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(ast.unparse(n).rpartition(".")[2] in {"AttributeError", "Exception", "BaseException"} for n in names)
 
 
 CHECK = AttributeResolution()

@@ -18,10 +18,14 @@ share this walk, so they judge the same path.
 * **What they build**: the classes constructed on the way (``Class(...)`` in a constructor, also
   inside the ``lambda`` handed to ``make_layers``), transitively; an NPU-dead branch builds nothing.
 * **What runs**: from each class's ``__init__`` and ``forward`` (``forward_npu`` when the class
-  has one: sglang's platform dispatch runs it on NPU) and every public method of the roots (the
-  scheduler and model runner call them), the calls that run on NPU (``reachable_calls``) are
+  has one: sglang's platform dispatch runs it on NPU) and the methods the runtime calls on each
+  root (``_ENTRY_METHODS``: attention, KV writes, allocation, graph capture and replay, the CPU copy
+  of a role that retracts), the calls that run on NPU (``reachable_calls``) are
   followed through ``walker.CallResolver``, ``self.<module>(...)`` into that module's forward, and
   constructors into ``__init__``; at most ``MAX_DEPTH`` calls deep and ``MAX_FUNCTIONS`` functions.
+* **Whether it always runs**: a frame's ``state`` is True when every call from its entry down to
+  it sits outside any condition the source cannot decide (``unconditional_nodes``), so a property
+  can tell "runs whenever the entry runs" from "runs if the data says so".
 * **What an Ascend host cannot run** is left out: the other device's twins (``forward_cuda``,
   ``forward_hip``, ...) and every branch ``npuguards.value_on_npu`` proves false on NPU.
 
@@ -35,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from npudoctor.deployment.facts import Facts, RoleFacts
@@ -51,6 +55,38 @@ MAX_BUILT_CLASSES = 600
 
 # twins sglang's platform dispatch runs on other devices only
 OTHER_DEVICE_METHOD = re.compile(r"(forward|_forward)_(cuda|hip|cpu|xpu|musa|hpu|mps|aiter|flashinfer)\w*")
+# What the runtime calls on each root for every deployment of its kind (besides ``__init__`` and
+# ``forward``): the model runner's attention calls (model_executor/model_runner.py,
+# layers/radix_attention.py), the scheduler's KV allocation (managers/schedule_batch.py), the
+# attention backends' KV writes and reads, the graph runner's capture and replay, and, for a role
+# that retracts to host memory (a PD decode server), the CPU copy of the offload path
+# (sglang#25249). A public method of a root that only another device's backend or an optional
+# feature calls (``move_kv_cache``, ``get_raw_kv_buffer`` ...) is not an entry: the walk reaches it
+# only if something on the path calls it.
+_ENTRY_METHODS = {
+    "attention": (
+        "init_forward_metadata",
+        "forward_extend",
+        "forward_decode",
+        "init_cuda_graph_state",
+        "init_forward_metadata_capture_cuda_graph",
+        "init_forward_metadata_replay_cuda_graph",
+    ),
+    "hybrid": ("init_forward_metadata", "forward_extend", "forward_decode"),
+    "pool": ("set_kv_buffer", "get_key_buffer", "get_value_buffer", "get_kv_buffer"),
+    "allocator": ("alloc", "free", "alloc_extend", "alloc_decode"),
+    "graph": ("capture", "replay", "can_run"),
+    "transfer": (),
+    "model": ("load_weights",),
+}
+_OFFLOAD_METHODS = ("get_cpu_copy", "load_cpu_copy")
+_KIND_OF = {
+    "attention backend": "attention",
+    "hybrid attention backend": "hybrid",
+    "allocator": "allocator",
+    "graph runner": "graph",
+    "PD transfer": "transfer",
+}
 _ROOT_NAMES = {
     "attention": ("AscendAttnBackend",),
     "hybrid": ("AscendHybridLinearAttnBackend", "AscendGDNAttnBackend"),
@@ -68,6 +104,7 @@ class RolePath:
     role: RoleFacts | None
     name: str
     roots: list[ClassInfo] = field(default_factory=list)
+    root_kinds: dict[int, str] = field(default_factory=dict)  # id(root) -> its kind in _ENTRY_METHODS
     classes: list[ClassInfo] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
     modules: list[Path] = field(default_factory=list)
@@ -131,6 +168,60 @@ def _collect(tree: SourceTree, path: Path, nodes: list[ast.AST], found: list[ast
         stack.extend(ast.iter_child_nodes(node))
 
 
+def unconditional_nodes(function: FunctionRef) -> list[ast.AST]:
+    """The nodes of ``function`` that run every time it runs on NPU: outside ``if``/``while``
+    bodies whose test is not known on NPU (a test known true or false keeps or drops its side),
+    conditional expressions, the later operands of ``and``/``or``, exception handlers and ``try``
+    bodies that catch ``AttributeError``; nested functions and classes are not entered."""
+    memo = function.tree.memo.setdefault("npupath.unconditional", {})
+    if id(function.node) in memo:
+        return memo[id(function.node)]
+    found: list[ast.AST] = []
+    tree, path = function.tree, function.path
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            visit(node.test)
+            value = value_on_npu(tree, path, node.test)
+            body = node.body if isinstance(node.body, list) else [node.body]
+            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            if value is True and not isinstance(node, ast.While):
+                for child in body:
+                    visit(child)
+            elif value is False:
+                for child in orelse:
+                    visit(child)
+            return
+        if isinstance(node, ast.BoolOp):
+            visit(node.values[0])
+            return
+        if isinstance(node, ast.Try):
+            if not any(catches(h, "AttributeError") for h in node.handlers):
+                for child in node.body:
+                    visit(child)
+            for child in node.finalbody:
+                visit(child)
+            return
+        found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for stmt in function.node.body:
+        visit(stmt)
+    memo[id(function.node)] = found
+    return found
+
+
+def catches(handler: ast.ExceptHandler, error: str) -> bool:
+    """Whether an ``except`` clause catches ``error`` (a bare ``except``, ``Exception`` too)."""
+    if handler.type is None:
+        return True
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(ast.unparse(n).rpartition(".")[2] in {error, "Exception", "BaseException"} for n in names)
+
+
 # ----- building one role's path -------------------------------------------------------------------
 def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
     name = role.name if role is not None else "server (assumed)"
@@ -139,7 +230,7 @@ def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
         path.assumptions.append("no roles given: assumed one server with the NPU defaults")
     path.roots = _root_classes(tree, facts, role, path)
     walked = tree.memo.setdefault("npupath.walked", {})
-    key = tuple(id(c) for c in path.roots)
+    key = (tuple(id(c) for c in path.roots), role is None or role.can_offload_kv)
     if key in walked:  # another role that builds the same classes (PD prefill and decode)
         path.classes, path.frames, path.modules = walked[key]
         return path
@@ -150,14 +241,17 @@ def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
 
     def visit(frame: Frame) -> Iterator[Frame]:
         frames.append(frame)
+        always = {id(n) for n in unconditional_nodes(frame.function)} if frame.state else set()
         for call in reachable_calls(frame):
-            yield from _callees(tree, resolver, frame, call, built)
+            unconditional = id(call) in always
+            for callee in _callees(tree, resolver, frame, call, built):
+                yield replace(callee, state=unconditional, key=unconditional)
 
     walker = PathWalker(visit, max_depth=MAX_DEPTH, max_functions=MAX_FUNCTIONS)
-    root_ids = {id(c) for c in path.roots}
+    offloads = role is None or role.can_offload_kv
     for cls in path.classes:
-        for method in _entry_methods(tree, cls, every_public=id(cls) in root_ids):
-            walker.walk(Frame(method, cls))
+        for method in _entry_methods(tree, cls, path.root_kinds.get(id(cls)), offloads):
+            walker.walk(Frame(method, cls, state=True, key=True))
     path.frames = frames
     modules = {f.function.path: None for f in frames}
     for cls in path.classes:
@@ -175,7 +269,12 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
         found = [c for n in names for c in tree.find_classes(n, under="srt")]
         if not found and required:
             path.skipped.append(f"{kind}: no class {' / '.join(names)} in this release")
-        roots.extend(found)
+        add(_KIND_OF[kind], found)
+
+    def add(kind: str, classes: list[ClassInfo]) -> None:
+        for cls in classes:
+            path.root_kinds.setdefault(id(cls), kind)
+        roots.extend(classes)
 
     if model is None:
         path.assumptions.append("no model config given: walked the NPU pools of both attention families")
@@ -184,7 +283,7 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
             found = tree.find_classes(arch, under="srt/models")
             if not found:
                 path.skipped.append(f"model: no class {arch} under sglang/srt/models in this release")
-            roots.extend(found[:1])
+            add("model", found[:1])
     backend = role.attention_backend if role is not None else "ascend"
     if backend == "ascend":
         named("attention backend", *_ROOT_NAMES["attention"])
@@ -194,7 +293,7 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
     for family in families:
         pools = npu_pool_classes(tree, family)
         exact = [c for c in pools if c.name in (f"NPU{GENERIC_POOL[family]}", f"Ascend{GENERIC_POOL[family]}")]
-        roots.extend(exact or pools)
+        add("pool", exact or pools)
         if not pools:
             path.skipped.append(f"KV pool: no NPU subclass of {GENERIC_POOL[family]} in this release")
     named("allocator", *_ROOT_NAMES["allocator"])
@@ -262,16 +361,13 @@ def _is_npu_class(tree: SourceTree, cls: ClassInfo) -> bool:
     return cls.name.startswith(("NPU", "Ascend", "Npu")) or "/npu/" in rel or "ascend" in rel
 
 
-def _entry_methods(tree: SourceTree, cls: ClassInfo, every_public: bool) -> Iterator[FunctionRef]:
+def _entry_methods(tree: SourceTree, cls: ClassInfo, kind: str | None, offloads: bool) -> Iterator[FunctionRef]:
     names = ["__init__", "forward_npu" if method_on(tree, cls, "forward_npu") else "forward"]
-    if every_public:
-        seen = set(names)
-        for klass in tree.mro(cls):
-            for method in klass.methods:
-                if method not in seen and not method.startswith("_") and not OTHER_DEVICE_METHOD.fullmatch(method):
-                    seen.add(method)
-                    names.append(method)
-    for method in names:
+    if kind is not None:
+        names += _ENTRY_METHODS[kind]
+        if offloads and kind in ("pool", "allocator"):
+            names += _OFFLOAD_METHODS
+    for method in dict.fromkeys(names):
         found = method_on(tree, cls, method)
         if found is not None:
             yield found

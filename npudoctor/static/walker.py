@@ -228,7 +228,11 @@ class CallResolver:
             and self_cls is not None
             and ref.owner is not None
         ):
-            found = method_on(tree, self_cls, method, after=ref.owner)
+            after = ref.owner
+            if receiver.args:  # super(Klass, self): the lookup starts after Klass, not after the caller
+                named = tree.resolve_name(ref.path, ast.unparse(receiver.args[0]))
+                after = named if named is not None else after
+            found = method_on(tree, self_cls, method, after=after)
             return None if found is None else [(found, self_cls, True)]
         root = receiver
         while isinstance(root, ast.Attribute):
