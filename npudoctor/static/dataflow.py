@@ -286,16 +286,29 @@ def name_classes(ref: FunctionRef, name: str) -> list[ClassInfo]:
     for param in ref.parameters:
         if param.arg == name:
             return annotation_classes(tree, ref.path, param.annotation)
-    for node in ast.walk(ref.node):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+    for node in _local_bindings(ref).get(name, ()):
+        if isinstance(node, ast.AnnAssign):
             return annotation_classes(tree, ref.path, node.annotation)
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            found = value_classes(tree, ref.path, node.value)
-            if found:
-                return found
+        found = value_classes(tree, ref.path, node.value)
+        if found:
+            return found
     return []
+
+
+def _local_bindings(ref: FunctionRef) -> dict[str, list[ast.Assign | ast.AnnAssign]]:
+    """The assignments to each local name of ``ref``, in ``ast.walk`` order; one walk per function."""
+    memo = ref.tree.memo.setdefault("dataflow.locals", {})
+    found = memo.get(id(ref.node))
+    if found is None:
+        found = {}
+        for node in ast.walk(ref.node):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                found.setdefault(node.target.id, []).append(node)
+            elif isinstance(node, ast.Assign):
+                for name in dict.fromkeys(t.id for t in node.targets if isinstance(t, ast.Name)):
+                    found.setdefault(name, []).append(node)
+        memo[id(ref.node)] = found
+    return found
 
 
 def is_external_name(tree: SourceTree, path: Path, name: str) -> bool:
