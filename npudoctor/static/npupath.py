@@ -44,6 +44,7 @@ from pathlib import Path
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.static.classdefs import attribute_classes
+from npudoctor.static.dataflow import files_declaring_base as tree_files_declaring_base
 from npudoctor.static.npuguards import value_on_npu
 from npudoctor.static.poolclasses import GENERIC_POOL, npu_pool_classes, pool_family
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
@@ -90,6 +91,9 @@ _KIND_OF = {
 _ROOT_NAMES = {
     "attention": ("AscendAttnBackend",),
     "hybrid": ("AscendHybridLinearAttnBackend", "AscendGDNAttnBackend"),
+    # before the Ascend hybrid backends (0.5.16), the generic ones ran on NPU
+    # (layers/attention/attention_registry.py attn_backend_wrapper in 0.5.9: GDNAttnBackend)
+    "hybrid-generic": ("HybridLinearAttnBackend", "GDNAttnBackend"),
     "allocator": ("NPUPagedTokenToKVPoolAllocator", "AscendPagedTokenToKVPoolAllocator"),
     "graph": ("NPUGraphRunner",),
     "transfer": ("AscendKVManager", "AscendKVSender", "AscendKVReceiver", "AscendTransferEngine"),
@@ -235,9 +239,12 @@ def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
         path.classes, path.frames, path.modules = walked[key]
         return path
     path.classes = _built_classes(tree, path.roots)
-    resolver = CallResolver(tree)
-    frames: list[Frame] = []
     built = {id(c) for c in path.classes}
+    built_files = frozenset(str(c.path) for c in path.classes)
+    resolver = CallResolver(
+        tree, implementations=lambda klass: _npu_implementations(tree, klass, built, built_files)
+    )
+    frames: list[Frame] = []
 
     def visit(frame: Frame) -> Iterator[Frame]:
         frames.append(frame)
@@ -288,11 +295,16 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
     if backend == "ascend":
         named("attention backend", *_ROOT_NAMES["attention"])
         if model is not None and model.hybrid_linear_layers:
+            before = len(roots)
             named("hybrid attention backend", *_ROOT_NAMES["hybrid"], required=False)
+            if len(roots) == before:
+                named("hybrid attention backend", *_ROOT_NAMES["hybrid-generic"])
     families = [pool_family(model.attention)] if model is not None else ["mla", "mha"]
     for family in families:
         pools = npu_pool_classes(tree, family)
-        exact = [c for c in pools if c.name in (f"NPU{GENERIC_POOL[family]}", f"Ascend{GENERIC_POOL[family]}")]
+        exact = [
+            c for c in pools if c.name in (f"NPU{GENERIC_POOL[family]}", f"Ascend{GENERIC_POOL[family]}")
+        ]
         add("pool", exact or pools)
         if not pools:
             path.skipped.append(f"KV pool: no NPU subclass of {GENERIC_POOL[family]} in this release")
@@ -300,8 +312,10 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
     args = role.server_args if role is not None else {}
     if not args.get("disable_cuda_graph"):
         named("graph runner", *_ROOT_NAMES["graph"])
-    if role is not None and role.disaggregation_mode in ("prefill", "decode") and (
-        role.transfer_backend in (None, "ascend")
+    if (
+        role is not None
+        and role.disaggregation_mode in ("prefill", "decode")
+        and (role.transfer_backend in (None, "ascend"))
     ):
         named("PD transfer", *_ROOT_NAMES["transfer"], required=False)
     unique = {id(c): c for c in roots}
@@ -309,7 +323,10 @@ def _root_classes(tree: SourceTree, facts: Facts, role: RoleFacts | None, path: 
 
 
 def _built_classes(tree: SourceTree, roots: list[ClassInfo]) -> list[ClassInfo]:
-    """The roots and every class their constructors build on NPU, transitively (breadth first)."""
+    """The roots and every class their constructors build on NPU, transitively (breadth first):
+    in ``__init__`` itself and in the closures it defines (the ``get_layer`` it hands
+    ``make_layers``), through a class-valued parameter default (``language_model_cls=...``) and a
+    module-level table of classes (``ALL_DECODER_LAYER_TYPES[kind](...)``: every class in it)."""
     built: dict[int, ClassInfo] = {id(c): c for c in roots}
     queue = list(roots)
     while queue and len(built) < MAX_BUILT_CLASSES:
@@ -319,22 +336,89 @@ def _built_classes(tree: SourceTree, roots: list[ClassInfo]) -> list[ClassInfo]:
             if init is None:
                 continue
             ref = FunctionRef.method(klass, init)
-            for node in live_nodes(ref):
-                if not isinstance(node, ast.Call):
-                    continue
-                made = _constructed(tree, ref, node)
-                if made is not None and id(made) not in built:
-                    built[id(made)] = made
-                    queue.append(made)
+            scopes = [ref] + [
+                FunctionRef(node, ref.path, tree, outer=ref)
+                for node in ast.walk(init)
+                if node is not init and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+            for scope in scopes:
+                for node in live_nodes(scope):
+                    if not isinstance(node, ast.Call):
+                        continue
+                    for made in _constructed_classes(tree, scope, node):
+                        if id(made) not in built:
+                            built[id(made)] = made
+                            queue.append(made)
     return list(built.values())
 
 
 def _constructed(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> ClassInfo | None:
     func = call.func
-    name = func.id if isinstance(func, ast.Name) else ast.unparse(func) if isinstance(func, ast.Attribute) else ""
+    name = (
+        func.id
+        if isinstance(func, ast.Name)
+        else ast.unparse(func)
+        if isinstance(func, ast.Attribute)
+        else ""
+    )
     if not name or not name.rpartition(".")[2][:1].isupper():
         return None
     return tree.resolve_name(ref.path, name)
+
+
+def _constructed_classes(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> list[ClassInfo]:
+    """The classes a call in a constructor may build: a class named directly, a parameter whose
+    default is a class, a local bound to an entry of a module-level dict of classes."""
+    made = _constructed(tree, ref, call)
+    if made is not None:
+        return [made]
+    func = call.func
+    if not isinstance(func, ast.Name):
+        return []
+    scope: FunctionRef | None = ref
+    while scope is not None:
+        args = scope.node.args
+        positional = args.posonlyargs + args.args
+        defaults = dict(
+            zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults)
+        )
+        defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+        if func.id in defaults:
+            value = defaults[func.id]
+            named = (
+                tree.resolve_name(ref.path, ast.unparse(value))
+                if isinstance(value, (ast.Name, ast.Attribute))
+                else None
+            )
+            return [named] if named is not None else []
+        for node in ast.walk(scope.node):
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == func.id for t in node.targets)
+                and isinstance(node.value, ast.Subscript)
+                and isinstance(node.value.value, ast.Name)
+            ):
+                return _classes_in_table(tree, ref.path, node.value.value.id)
+        scope = scope.outer
+    return []
+
+
+def _classes_in_table(tree: SourceTree, path: Path, name: str) -> list[ClassInfo]:
+    """The classes a module-level ``name = {key: Class, ...}`` of ``path`` holds."""
+    module = tree.parse(path)
+    for stmt in module.body if module is not None else []:
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+            and isinstance(stmt.value, ast.Dict)
+        ):
+            found = [
+                tree.resolve_name(path, ast.unparse(v))
+                for v in stmt.value.values
+                if isinstance(v, (ast.Name, ast.Attribute))
+            ]
+            return [c for c in found if c is not None]
+    return []
 
 
 def _dispatched_on_npu(tree: SourceTree, targets: list, built: set[int]) -> list:
@@ -356,12 +440,45 @@ def _dispatched_on_npu(tree: SourceTree, targets: list, built: set[int]) -> list
     return targets[:1]
 
 
+def _npu_implementations(
+    tree: SourceTree, klass: ClassInfo, built: set[int], built_files: frozenset[str]
+) -> list[ClassInfo]:
+    """The classes a call on a receiver declared as ``klass`` runs on in an NPU deployment: those
+    of ``klass`` and its subclasses the role builds, else its NPU/Ascend subclasses, else ``klass``
+    itself. Only files that can hold such a subclass are parsed (an NPU/Ascend path, or the file of
+    a class the role builds): following every subclass parsed hundreds of CUDA backends and
+    quantisation methods of a release, none of which an NPU deployment runs."""
+    memo = tree.memo.setdefault("npupath.implementations", {})
+    key = (id(klass), built_files)
+    if key not in memo:
+        index = tree_files_declaring_base(tree)
+        candidates: list[ClassInfo] = []
+        seen: set[int] = set()
+        frontier = [klass]
+        while frontier:
+            parent = frontier.pop()
+            for path in index.get(parent.name, ()):
+                rel = path.lower()
+                if "npu" not in rel and "ascend" not in rel and path not in built_files:
+                    continue
+                for cls in tree.classes_in(Path(path)):
+                    if id(cls) not in seen and cls is not klass and klass in tree.mro(cls):
+                        seen.add(id(cls))
+                        candidates.append(cls)
+                        frontier.append(cls)
+        chosen = [c for c in (klass, *candidates) if id(c) in built]
+        memo[key] = chosen or [c for c in candidates if _is_npu_class(tree, c)] or [klass]
+    return memo[key]
+
+
 def _is_npu_class(tree: SourceTree, cls: ClassInfo) -> bool:
     rel = tree.relpath(cls.path).lower()
     return cls.name.startswith(("NPU", "Ascend", "Npu")) or "/npu/" in rel or "ascend" in rel
 
 
-def _entry_methods(tree: SourceTree, cls: ClassInfo, kind: str | None, offloads: bool) -> Iterator[FunctionRef]:
+def _entry_methods(
+    tree: SourceTree, cls: ClassInfo, kind: str | None, offloads: bool
+) -> Iterator[FunctionRef]:
     names = ["__init__", "forward_npu" if method_on(tree, cls, "forward_npu") else "forward"]
     if kind is not None:
         names += _ENTRY_METHODS[kind]

@@ -194,10 +194,13 @@ Target = tuple[FunctionRef, ClassInfo | None, bool]
 class CallResolver:
     """The functions a call on the path may run. ``strategy`` is the deployment's CP strategy
     (``zigzag``, ``interleave``): a virtual call on strategy classes goes to the classes named
-    after it only; None follows every implementation."""
+    after it only; None follows every implementation. ``implementations``: the classes a call on
+    a receiver declared as a class may run on (default: the class and every subclass in the tree;
+    the whole-path walk narrows it to what an NPU deployment builds)."""
 
     tree: SourceTree
     strategy: str | None = None
+    implementations: Callable[[ClassInfo], list[ClassInfo]] | None = None
 
     def resolve(self, ref: FunctionRef, self_cls: ClassInfo | None, call: ast.Call) -> list[Target] | None:
         """``[]`` for code outside the tree (torch, numpy, builtins, loggers) and constructors;
@@ -258,7 +261,12 @@ class CallResolver:
             classes = []
         targets = []
         for klass in classes:  # virtual dispatch: the declared class and every subclass in the tree
-            for impl in (klass, *subclasses(tree, klass)):
+            implementations = (
+                self.implementations(klass)
+                if self.implementations is not None
+                else [klass, *subclasses(tree, klass)]
+            )
+            for impl in implementations:
                 found = method_on(tree, impl, method)
                 if found is not None:
                     targets.append((found, impl, True))
