@@ -345,7 +345,7 @@ def _built_classes(tree: SourceTree, roots: list[ClassInfo]) -> list[ClassInfo]:
                 for node in live_nodes(scope):
                     if not isinstance(node, ast.Call):
                         continue
-                    for made in _constructed_classes(tree, scope, node):
+                    for made in _constructed_classes(tree, scope, node, tree.mro(cls)):
                         if id(made) not in built:
                             built[id(made)] = made
                             queue.append(made)
@@ -366,9 +366,14 @@ def _constructed(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> ClassInf
     return tree.resolve_name(ref.path, name)
 
 
-def _constructed_classes(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> list[ClassInfo]:
-    """The classes a call in a constructor may build: a class named directly, a parameter whose
-    default is a class, a local bound to an entry of a module-level dict of classes."""
+def _constructed_classes(
+    tree: SourceTree, ref: FunctionRef, call: ast.Call, mro: list[ClassInfo]
+) -> list[ClassInfo]:
+    """The classes a call in a constructor may build: a class named directly; a parameter whose
+    default is a class, in this ``__init__`` or in a subclass's of the built class's MRO that hands
+    it on (``Qwen3_5MoeForConditionalGeneration(language_model_cls=Qwen3_5MoeForCausalLM)`` into
+    ``Qwen3VLForConditionalGeneration.__init__``); a local bound to an entry of a module-level dict
+    of classes."""
     made = _constructed(tree, ref, call)
     if made is not None:
         return [made]
@@ -377,20 +382,16 @@ def _constructed_classes(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> 
         return []
     scope: FunctionRef | None = ref
     while scope is not None:
-        args = scope.node.args
-        positional = args.posonlyargs + args.args
-        defaults = dict(
-            zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults)
-        )
-        defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
-        if func.id in defaults:
-            value = defaults[func.id]
-            named = (
-                tree.resolve_name(ref.path, ast.unparse(value))
-                if isinstance(value, (ast.Name, ast.Attribute))
-                else None
-            )
-            return [named] if named is not None else []
+        if func.id in {a.arg for a in scope.parameters}:
+            found = []
+            for klass in mro:
+                init = klass.methods.get("__init__")
+                default = _parameter_default(init, func.id) if init is not None else None
+                if isinstance(default, (ast.Name, ast.Attribute)):
+                    named = tree.resolve_name(klass.path, ast.unparse(default))
+                    if named is not None and named not in found:
+                        found.append(named)
+            return found
         for node in ast.walk(scope.node):
             if (
                 isinstance(node, ast.Assign)
@@ -401,6 +402,14 @@ def _constructed_classes(tree: SourceTree, ref: FunctionRef, call: ast.Call) -> 
                 return _classes_in_table(tree, ref.path, node.value.value.id)
         scope = scope.outer
     return []
+
+
+def _parameter_default(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.expr | None:
+    args = function.args
+    positional = args.posonlyargs + args.args
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    return defaults.get(name)
 
 
 def _classes_in_table(tree: SourceTree, path: Path, name: str) -> list[ClassInfo]:
