@@ -167,6 +167,7 @@ def unresolved_reads(tree: SourceTree, function: FunctionRef, cls: ClassInfo) ->
         return []
     receiver = params[0].arg
     names = _names_of(tree, cls)
+    module = bool(set(tree.external_bases(cls)) & _NN_MODULE_BASES)
     guarded = _guarded_names(function, receiver)
     found = []
     for node in unconditional_nodes(function):
@@ -178,6 +179,7 @@ def unresolved_reads(tree: SourceTree, function: FunctionRef, cls: ClassInfo) ->
             and node.attr not in names
             and node.attr not in guarded
             and not (node.attr.startswith("__") and node.attr.endswith("__"))
+            and not (module and _set_from_outside(tree, node.attr))
         ):
             found.append((node.attr, node.lineno))
     return found
@@ -188,31 +190,30 @@ def _names_of(tree: SourceTree, cls: ClassInfo) -> set[str]:
     if id(cls) not in memo:
         names = set(names_set_when_run(tree, cls))
         if set(tree.external_bases(cls)) & _NN_MODULE_BASES:
-            names |= NN_MODULE_NAMES | _set_from_outside(tree)
+            names |= NN_MODULE_NAMES
         memo[id(cls)] = names
     return memo[id(cls)]
 
 
-_REGISTERED = re.compile(
-    rb"(?:register_parameter|register_buffer|register_module|add_module|setattr)\(\s*(?:\w+\s*,\s*)?[\"'](\w+)[\"']"
-    rb"|\b(?!self\b)[A-Za-z_]\w*\.(\w+)\s*=(?!=)"
-)
-
-
-def _set_from_outside(tree: SourceTree) -> set[str]:
-    """Names any code in the tree registers or assigns on an object other than ``self``:
-    sglang's layers get their weights from their quantisation method
+def _set_from_outside(tree: SourceTree, name: str) -> bool:
+    """Whether any code in the tree registers ``name`` on a module or assigns it on an object
+    other than ``self``: sglang's layers get their weights from their quantisation method
     (``layer.register_parameter("weight", ...)`` in ``create_weights``) and their absorbed MLA
     matrices from the model's ``post_load_weights`` (``self_attn.w_kc = ...``), so an
-    ``nn.Module``'s names are not all in its own class. One regex pass per tree."""
-    memo = tree.memo.get("npp001.outside")
-    if memo is None:
-        memo = set()
-        for path in tree.files:
-            for registered, assigned in _REGISTERED.findall(tree.read(path)):
-                memo.add((registered or assigned).decode())
-        tree.memo["npp001.outside"] = memo
-    return memo  # type: ignore[return-value]
+    ``nn.Module``'s names are not all in its own class. Asked only of a name that would
+    otherwise be a finding (a scan per name, of the files that mention it)."""
+    memo = tree.memo.setdefault("npp001.outside", {})
+    if name not in memo:
+        word = re.escape(name.encode())
+        pattern = re.compile(
+            rb"(?:register_parameter|register_buffer|register_module|add_module|setattr)\(\s*(?:\w+\s*,\s*)?[\"']"
+            + word
+            + rb"[\"']|(?<![\w.])(?!self\.)[A-Za-z_]\w*(?:\.\w+)*\."
+            + word
+            + rb"[ \t]*=(?!=)"
+        )
+        memo[name] = any(pattern.search(tree.read(path)) for path in tree.files_containing(name))
+    return memo[name]
 
 
 def _is_static(function: FunctionRef) -> bool:

@@ -238,7 +238,10 @@ def _build(tree: SourceTree, facts: Facts, role: RoleFacts | None) -> RolePath:
     if key in walked:  # another role that builds the same classes (PD prefill and decode)
         path.classes, path.frames, path.modules = walked[key]
         return path
-    path.classes = _built_classes(tree, path.roots)
+    built_memo = tree.memo.setdefault("npupath.built", {})
+    if key[0] not in built_memo:
+        built_memo[key[0]] = _built_classes(tree, path.roots)
+    path.classes = built_memo[key[0]]
     built = {id(c) for c in path.classes}
     built_files = frozenset(str(c.path) for c in path.classes)
     resolver = CallResolver(
