@@ -114,7 +114,9 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--select", nargs="*", default=[], help="property ids (default: every NPP check)")
-    parser.add_argument("--releases", nargs="*", help=f"releases (default: {SINCE} .. newest, posts included)")
+    parser.add_argument(
+        "--releases", nargs="*", help=f"releases (default: {SINCE} .. newest, posts included)"
+    )
     parser.add_argument("--examples", nargs="*", type=Path, help="deployments (default: examples/*.yaml)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -137,12 +139,23 @@ def main() -> int:
             key = (row["check"], row["status"], row["where"], row["observed"])
             grouped.setdefault(key, []).append(f"{row['release']}:{row['example']}")
         for (check, status, where, observed), seen in sorted(grouped.items()):
-            mark = "" if is_triaged({"where": where, "observed": observed, "release": seen[0].split(":")[0]}, entries.get(check, [])) else "  [untriaged]"
+            mark = (
+                ""
+                if is_triaged(
+                    {"where": where, "observed": observed, "release": seen[0].split(":")[0]},
+                    entries.get(check, []),
+                )
+                else "  [untriaged]"
+            )
             releases_seen = sorted({s.split(":")[0] for s in seen}, key=releases.index)
             examples_seen = sorted({s.split(":")[1] for s in seen})
-            print(f"{check} {status} {where}{mark}\n    {observed}\n    releases: {', '.join(releases_seen)}\n    examples: {', '.join(examples_seen)}")
-        print(f"{len(rows)} finding(s) over {len(releases)} release(s) x {len(example_paths)} deployment(s); "
-              f"{len(untriaged)} untriaged")
+            print(
+                f"{check} {status} {where}{mark}\n    {observed}\n    releases: {', '.join(releases_seen)}\n    examples: {', '.join(examples_seen)}"
+            )
+        print(
+            f"{len(rows)} finding(s) over {len(releases)} release(s) x {len(example_paths)} deployment(s); "
+            f"{len(untriaged)} untriaged"
+        )
     return 1 if args.check and untriaged else 0
 
 

@@ -100,7 +100,9 @@ def _attribute_classes(tree: SourceTree, cls: ClassInfo, attr: str) -> list[Clas
     return []
 
 
-def _instance_assignments(tree: SourceTree, klass: ClassInfo) -> dict[str, list[tuple[ast.expr | None, ast.expr | None]]]:
+def _instance_assignments(
+    tree: SourceTree, klass: ClassInfo
+) -> dict[str, list[tuple[ast.expr | None, ast.expr | None]]]:
     """``self.<attr> = value`` (and annotated) assignments in ``klass``'s methods, by attribute, in
     the order ``attribute_classes`` tries them; one walk per class."""
     memo = tree.memo.setdefault("classdefs.assignments", {})

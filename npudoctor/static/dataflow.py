@@ -217,7 +217,7 @@ def subclasses(tree: SourceTree, cls: ClassInfo) -> list[ClassInfo]:
         if parent.name in searched:
             continue
         searched.add(parent.name)
-        for path in _files_declaring_base(tree).get(parent.name, ()):
+        for path in files_declaring_base(tree).get(parent.name, ()):
             for klass in tree.classes_in(Path(path)):
                 if klass is cls or klass in found:
                     continue
@@ -234,14 +234,16 @@ def subclasses(tree: SourceTree, cls: ClassInfo) -> list[ClassInfo]:
 _CLASS_WITH_BASES = re.compile(rb"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
 
 
-def _files_declaring_base(tree: SourceTree) -> dict[str, list[str]]:
+def files_declaring_base(tree: SourceTree) -> dict[str, list[str]]:
     """The files whose ``class X(...)`` statements name a base, by the base's last name: one regex
     pass over the tree answers every ``subclasses`` question (a scan per base cost 50 ms each)."""
     index = tree.memo.get("dataflow.bases_index")
     if index is None:
         index = {}
         for path in tree.files:
-            names = {n for group in _CLASS_WITH_BASES.findall(tree.read(path)) for n in re.findall(rb"\w+", group)}
+            names = {
+                n for group in _CLASS_WITH_BASES.findall(tree.read(path)) for n in re.findall(rb"\w+", group)
+            }
             for name in names:
                 index.setdefault(name.decode(), []).append(path)
         tree.memo["dataflow.bases_index"] = index

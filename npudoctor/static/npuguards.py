@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from npudoctor.static.dataflow import imported_module
 from npudoctor.static.source import SourceTree, flatten_conditional
 
 # sglang.srt.utils' device predicates, by their value on an Ascend host
@@ -83,11 +84,13 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
         if name in _FALSE_CALLS:
             return _FALSE_CALLS[name]
         short = name.rpartition(".")[2] if name else ""
+        if isinstance(test.func, ast.Name):  # ``from sglang.srt.utils import is_cuda as _probe``
+            short = _imported_as(tree, path, short)
         if short in TRUE_ON_NPU:
             return True
         if short and FALSE_ON_NPU.fullmatch(short):
             return False
-        if isinstance(test.func, ast.Name) and not test.args and not test.keywords:
+        if isinstance(test.func, ast.Name):
             return _returned_on_npu(tree, path, test.func.id, _depth + 1)
         return None
     if isinstance(test, ast.Constant):
@@ -99,6 +102,12 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
         # ``get_platform().is_sm100`` and the like: a CUDA capability read
         if FALSE_ON_NPU.fullmatch(test.attr):
             return False
+        # ``deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM``: a name bound at the top of an imported sglang module
+        if isinstance(test.value, ast.Name):
+            module = imported_module(tree, path, test.value.id)
+            bound = module_binding(tree, module, test.attr) if module is not None else None
+            if bound is not None:
+                return value_on_npu(tree, bound[0], bound[1], _depth + 1)
         return None
     if isinstance(test, ast.Name):
         if test.id == "TYPE_CHECKING":  # typing's: False whenever the code runs
@@ -107,28 +116,61 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
         if bound is None:
             return None
         bound_path, value = bound
+        if isinstance(value, ast.Constant) and _declared_global(tree, bound_path, test.id):
+            return None  # ``_ready = False`` that a function sets with ``global _ready``
         return value_on_npu(tree, bound_path, value, _depth + 1)
     return None
 
 
+def _declared_global(tree: SourceTree, path: Path, name: str) -> bool:
+    """Whether a function of the module at ``path`` rebinds ``name`` (``global name``)."""
+    return (
+        re.search(rb"\bglobal\s[\w\s,]*\b" + re.escape(name.encode()) + rb"\b", tree.read(path)) is not None
+    )
+
+
+def _imported_as(tree: SourceTree, path: Path, name: str) -> str:
+    """The name ``name`` was imported under into the module at ``path`` (``from x import y as name``
+    -> ``y``), else ``name``."""
+    memo = tree.memo.setdefault("npuguards.aliases", {})
+    if path not in memo:
+        module = tree.parse(path)
+        memo[path] = {
+            alias.asname: alias.name
+            for stmt in (flatten_conditional(module.body) if module is not None else ())
+            if isinstance(stmt, ast.ImportFrom)
+            for alias in stmt.names
+            if alias.asname
+        }
+    return memo[path].get(name, name)
+
+
 def _returned_on_npu(tree: SourceTree, path: Path, name: str, depth: int) -> bool | None:
     """What calling the sglang function ``name`` (defined at the top of ``path`` or imported from
-    an sglang module) with no arguments returns on an Ascend host, when every ``return`` it can
-    reach there agrees (``ENABLE_JIT_DEEPGEMM = _compute_enable_deep_gemm()``, whose ``if not
-    (_is_cuda or _is_musa): return False`` ends it on NPU); None otherwise."""
+    an sglang module) returns on an Ascend host, whatever its arguments, when every ``return`` it
+    can reach there agrees (``ENABLE_JIT_DEEPGEMM = _compute_enable_deep_gemm()``, whose ``if not
+    (_is_cuda or _is_musa): return False`` ends it on NPU; ``should_deepgemm_weight_requant_ue8m0(
+    weight_block_size)`` returns ``ENABLE_JIT_DEEPGEMM and ...``); None otherwise. Its parameters
+    and locals are not known."""
     found = _function_def(tree, path, name)
     if found is None:
         return None
     def_path, node = found
-    if node.args.args or node.args.posonlyargs or node.args.vararg:
-        return None
-    # a test or value naming a local (``x = probe(); return x``) is not the module-level ``x``
-    local = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    values: set[bool | None] = set()
-    falls = _collect_returns(tree, def_path, node.body, values, depth, frozenset(local))
-    if falls:
-        values.add(False)  # the implicit ``return None``
-    return values.pop() if len(values) == 1 else None
+    memo = tree.memo.setdefault("npuguards.returns", {})
+    key = id(node)
+    if key not in memo:
+        memo[key] = None  # recursion
+        arguments = node.args
+        local = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        local |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+        # a test or value naming a local (``x = probe(); return x``) is not the module-level ``x``
+        local |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        values: set[bool | None] = set()
+        falls = _collect_returns(tree, def_path, node.body, values, depth, frozenset(local))
+        if falls:
+            values.add(False)  # the implicit ``return None``
+        memo[key] = values.pop() if len(values) == 1 else None
+    return memo[key]
 
 
 def _collect_returns(
@@ -168,7 +210,18 @@ def _collect_returns(
     return True
 
 
-def _local_value(tree: SourceTree, path: Path, expr: ast.expr, depth: int, local: frozenset[str]) -> bool | None:
+def _local_value(
+    tree: SourceTree, path: Path, expr: ast.expr, depth: int, local: frozenset[str]
+) -> bool | None:
+    """``expr`` on an Ascend host inside a function whose ``local`` names are not known."""
+    if isinstance(expr, ast.BoolOp):
+        values = [_local_value(tree, path, v, depth, local) for v in expr.values]
+        if isinstance(expr.op, ast.And):
+            return False if False in values else True if all(v is True for v in values) else None
+        return True if True in values else False if all(v is False for v in values) else None
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        inner = _local_value(tree, path, expr.operand, depth, local)
+        return None if inner is None else not inner
     if any(isinstance(n, ast.Name) and n.id in local for n in ast.walk(expr)):
         return None
     return value_on_npu(tree, path, expr, depth)
@@ -197,9 +250,12 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     return [stmt.body, getattr(stmt, "orelse", [])]
 
 
-def _function_def(tree: SourceTree, path: Path, name: str, _depth: int = 0) -> tuple[Path, ast.FunctionDef] | None:
+def _function_def(
+    tree: SourceTree, path: Path, name: str, _depth: int = 0
+) -> tuple[Path, ast.FunctionDef] | None:
     """The one top-level ``def name`` of the module at ``path``, or of the sglang module it is imported from."""
-    module = tree.parse(path) if _depth < 4 else None
+    full = tree.full if isinstance(tree, TopLevelView) else tree  # function bodies are needed here
+    module = full.parse(path) if _depth < 4 else None
     if module is None:
         return None
     defs = [s for s in flatten_conditional(module.body) if isinstance(s, ast.FunctionDef) and s.name == name]
@@ -238,10 +294,12 @@ def module_binding(tree: SourceTree, path: Path, name: str, _depth: int = 0) -> 
                 values.append(stmt.value)
             elif isinstance(stmt, ast.ImportFrom) and stmt.module is not None:
                 for alias in stmt.names:
-                    if (alias.asname or alias.name) == name:
+                    if (alias.asname or alias.name) == name or (alias.name == "*" and found is None):
                         source = tree.module_path(tree.absolute_module(path, stmt))
                         if source is not None and source != path:
-                            found = module_binding(tree, source, alias.name, _depth + 1)
+                            found = module_binding(
+                                tree, source, name if alias.name == "*" else alias.name, _depth + 1
+                            )
     if values:  # bound once, or several times to the same expression (``_is_xpu = is_xpu()`` twice)
         found = (path, values[0]) if len({ast.dump(v) for v in values}) == 1 else None
     memo[key] = found
@@ -261,7 +319,9 @@ def guarded_statements(
     yield from _walk_block(tree, path, body, caught=False)
 
 
-def _walk_block(tree: SourceTree, path: Path, body: list[ast.stmt], caught: bool) -> Iterator[tuple[ast.stmt, bool]]:
+def _walk_block(
+    tree: SourceTree, path: Path, body: list[ast.stmt], caught: bool
+) -> Iterator[tuple[ast.stmt, bool]]:
     for stmt in body:
         if isinstance(stmt, ast.If):
             value = value_on_npu(tree, path, stmt.test)
@@ -314,3 +374,52 @@ def _dotted(node: ast.AST) -> str:
         inner = _dotted(node.func)
         return f"{inner}().{'.'.join(reversed(parts))}" if inner else ""
     return ""
+
+
+# ----- the top level of modules, cheaply -----------------------------------------------------------
+_BODY_HEADER = re.compile(rb"(?:async\s+def|def|class)\s|@")
+
+
+class TopLevelView:
+    """A ``SourceTree`` whose ``parse`` gives a module's top level only: every ``def``, ``class``
+    and decorator written at column 0 is replaced by ``pass`` before parsing (their bodies do not
+    run at import), which makes reading the import statements of a whole release about ten times
+    cheaper than parsing it. Statements nested in top-level ``if``/``try`` blocks are kept whole. A
+    module whose top level does not parse that way (a string at column 0 inside a function body) is
+    parsed whole. Everything else is the underlying tree's (``full``), except ``memo``: what the
+    guards memoise here holds top-level nodes only. A caller reporting a line found this way should
+    confirm it on ``full`` (``guarded_statements(view.full, path)``)."""
+
+    def __init__(self, tree: SourceTree):
+        self.full = tree
+        self.memo: dict[str, object] = {}
+        self._modules: dict[Path, ast.Module | None] = {}
+
+    def parse(self, path: Path) -> ast.Module | None:
+        if path not in self._modules:
+            try:
+                self._modules[path] = ast.parse(_top_level_source(self.full.read(path)), filename=str(path))
+            except (SyntaxError, ValueError):
+                self._modules[path] = self.full.parse(path)
+        return self._modules[path]
+
+    def __getattr__(self, name: str):
+        return getattr(self.full, name)
+
+
+def _top_level_source(source: bytes) -> bytes:
+    """``source`` with the bodies of its column-0 ``def``/``class`` (and their decorators and
+    multi-line headers) replaced by ``pass``, line numbers kept."""
+    lines = source.split(b"\n")
+    skipping = False
+    for index, line in enumerate(lines):
+        first = line[:1]
+        if skipping:
+            if not first or first in b" \t#)]}\r":
+                lines[index] = b""
+                continue
+            skipping = False
+        if _BODY_HEADER.match(line):
+            lines[index] = b"pass"
+            skipping = True
+    return b"\n".join(lines)

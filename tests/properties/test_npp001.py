@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from npudoctor.deployment.load import from_yaml
-from npudoctor.engine.registry import discover as discover_checks
 from npudoctor.engine.check import Check
+from npudoctor.engine.registry import discover as discover_checks
 from npudoctor.results import Status
 from npudoctor.target.discovery import discover
 
