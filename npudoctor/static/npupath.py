@@ -76,7 +76,9 @@ _ENTRY_METHODS = {
     "hybrid": ("init_forward_metadata", "forward_extend", "forward_decode"),
     "pool": ("set_kv_buffer", "get_key_buffer", "get_value_buffer", "get_kv_buffer"),
     "allocator": ("alloc", "free", "alloc_extend", "alloc_decode"),
-    "graph": ("capture", "replay", "can_run"),
+    # replay/can_run through 0.5.20; the model runner calls can_run_graph/execute from 0.5.21
+    # (model_executor/model_runner.py in 0.5.23)
+    "graph": ("capture", "replay", "can_run", "can_run_graph", "execute"),
     "transfer": (),
     "model": ("load_weights",),
 }
