@@ -142,6 +142,7 @@ class AttributeResolution(Check):
     """NPP001: ``self.<name>`` reads on the NPU path resolve on the classes the deployment builds."""
 
     id = "NPP001"
+    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
     title = "every self.<name> read on the NPU path resolves on the class the deployment builds"
     upstream = (
         "https://github.com/sgl-project/sglang/pull/25249",

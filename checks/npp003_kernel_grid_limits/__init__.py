@@ -51,6 +51,7 @@ class KernelGridLimits(Check):
     """NPP003: Triton grids on the NPU path stay within 65535 at the deployment's tokens per forward."""
 
     id = "NPP003"
+    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
     title = (
         "Every Triton kernel launched on the NPU path keeps its grid within 65535 for the deployment's tokens"
     )

@@ -76,7 +76,8 @@ SelectOption = Annotated[
         "-s",
         metavar="ID",
         help="Run only these check or catalog ids (repeatable, or ID,ID); a prefix selects "
-        "all it starts: NPD (the seven checks), NPC (the catalog).",
+        "all it starts: NPD (the seven checks), NPC (the catalog), NPP (the generic properties, "
+        "not run by default: they walk the whole NPU path); ALL selects everything.",
     ),
 ]
 OutputOption = Annotated[

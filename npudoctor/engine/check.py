@@ -69,6 +69,10 @@ class Check:
     # whether a release fixes it (npudoctor.target.history): a defect of sglang, not of the deployment's input
     upstream_history: ClassVar[bool] = True
     runtime_fix: ClassVar[bool] = True  # whether `npudoctor fix` has a fix of the same id to point at
+    # run when no --select is given; the generic properties (NPP*) walk the deployment's whole NPU
+    # path, several seconds cold, and run when selected (--select NPP, or --select ALL), as ruff's
+    # rules outside its default set
+    default_selected: ClassVar[bool] = True
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Read the target's source (never import it) and test the property."""

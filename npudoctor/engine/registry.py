@@ -47,17 +47,21 @@ def catalog_records() -> tuple:
 
 
 def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
-    """``items`` whose id is in ``ids`` (all when empty), in the order given. As ruff's rule
-    selectors: a value may list several ids with commas, and a prefix selects every id it starts
-    (``NPD``: the seven checks, ``NPC``: the catalog, ``NPC01``: NPC010..NPC019). A value that is
-    neither an id nor a prefix of one is an input error."""
+    """``items`` whose id is in ``ids``, in the order given; when empty, those selected by default
+    (not the generic properties, ``Check.default_selected``). As ruff's rule selectors: a value may
+    list several ids with commas, a prefix selects every id it starts (``NPD``: the seven checks,
+    ``NPC``: the catalog, ``NPP``: the properties, ``NPC01``: NPC010..NPC019), and ``ALL`` selects
+    everything. A value that is neither an id nor a prefix of one is an input error."""
     if not ids:
-        return items
+        return [item for item in items if getattr(item, "default_selected", True)]
     known = {item.id: item for item in items}  # type: ignore[attr-defined]
     wanted = [part.strip().upper() for value in ids for part in value.split(",") if part.strip()]
     chosen: list[str] = []
     unknown = []
     for token in wanted:
+        if token == "ALL":
+            chosen += list(known)
+            continue
         matched = [token] if token in known else [i for i in known if i.startswith(token)]
         if not matched:
             unknown.append(token)
