@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npudoctor.static.npuguards import module_binding, value_on_npu
+from npudoctor.static.npuguards import dotted, module_binding, value_on_npu
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import method_on
 
@@ -377,7 +377,7 @@ def _unpack(value, index: int, node: ast.AST, scope: Scope, line: int):
 def _attribute(node: ast.Attribute, scope: Scope, line: int):
     if isinstance(node.value, ast.Name) and node.value.id == "self" and scope.self_cls is not None:
         return instance_value(scope.env, scope.self_cls, node.attr)
-    if isinstance(node.value, ast.Call) and _dotted(node.value.func).rpartition(".")[2] == "get_parallel":
+    if isinstance(node.value, ast.Call) and dotted(node.value.func).rpartition(".")[2] == "get_parallel":
         # 0.5.2x's runtime context: get_parallel().attn_tp_size
         sizes = {"attn_tp_size": scope.env.attn_tp, "tp_size": scope.env.tp, "attn_dp_size": scope.env.dp}
         return Iv(sizes[node.attr], sizes[node.attr]) if node.attr in sizes else None
@@ -487,7 +487,7 @@ def _constructor_assignments(tree: SourceTree, cls: ClassInfo) -> dict[str, list
 
 def _call(node: ast.Call, scope: Scope, line: int):
     func = node.func
-    name = _dotted(func)
+    name = dotted(func)
     args = node.args
     env = scope.env
     short = name.rpartition(".")[2] if name else ""
@@ -833,14 +833,3 @@ def _follow(tree: SourceTree, path: Path, entry, depth: int) -> list:
     if kind == "alias" and isinstance(entry[1], ast.Name):
         return npu_bindings(tree, path, entry[1].id, depth + 1) if entry[1].id else ["external"]
     return ["external"]
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""

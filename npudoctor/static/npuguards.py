@@ -80,7 +80,7 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
         inner = value_on_npu(tree, path, test.operand, _depth + 1)
         return None if inner is None else not inner
     if isinstance(test, ast.Call):
-        name = _dotted(test.func)
+        name = dotted(test.func)
         if name in _FALSE_CALLS:
             return _FALSE_CALLS[name]
         short = name.rpartition(".")[2] if name else ""
@@ -96,7 +96,7 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
     if isinstance(test, ast.Constant):
         return bool(test.value)
     if isinstance(test, ast.Attribute):
-        text = _dotted(test)
+        text = dotted(test)
         if text in _KNOWN_ATTRIBUTES:
             return _KNOWN_ATTRIBUTES[text]
         # ``get_platform().is_sm100`` and the like: a CUDA capability read
@@ -352,17 +352,21 @@ def off_npu_test(tree: SourceTree, path: Path, chain: list[tuple[ast.If, bool]])
     return None
 
 
-def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+def catches(handler: ast.ExceptHandler, *errors: str) -> bool:
+    """Whether an ``except`` clause catches one of ``errors`` (a bare ``except``, ``Exception`` and
+    ``BaseException`` catch everything)."""
     if handler.type is None:
         return True
     names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(
-        _dotted(n).rpartition(".")[2] in {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
-        for n in names
-    )
+    return any(dotted(n).rpartition(".")[2] in {*errors, "Exception", "BaseException"} for n in names)
 
 
-def _dotted(node: ast.AST) -> str:
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    return catches(handler, "ImportError", "ModuleNotFoundError")
+
+
+def dotted(node: ast.AST) -> str:
+    """``a.b.c`` of a name or attribute chain (``f().x`` of a call's result); "" for anything else."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -371,7 +375,7 @@ def _dotted(node: ast.AST) -> str:
         parts.append(node.id)
         return ".".join(reversed(parts))
     if isinstance(node, ast.Call):  # get_platform().is_sm100
-        inner = _dotted(node.func)
+        inner = dotted(node.func)
         return f"{inner}().{'.'.join(reversed(parts))}" if inner else ""
     return ""
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.static.classdefs import attribute_classes
 from npudoctor.static.dataflow import files_declaring_base as tree_files_declaring_base
-from npudoctor.static.npuguards import value_on_npu
+from npudoctor.static.npuguards import catches, value_on_npu
 from npudoctor.static.poolclasses import GENERIC_POOL, npu_pool_classes, pool_family
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import CallResolver, Frame, PathWalker, method_on
@@ -218,14 +218,6 @@ def unconditional_nodes(function: FunctionRef) -> list[ast.AST]:
         visit(stmt)
     memo[id(function.node)] = found
     return found
-
-
-def catches(handler: ast.ExceptHandler, error: str) -> bool:
-    """Whether an ``except`` clause catches ``error`` (a bare ``except``, ``Exception`` too)."""
-    if handler.type is None:
-        return True
-    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(ast.unparse(n).rpartition(".")[2] in {error, "Exception", "BaseException"} for n in names)
 
 
 # ----- building one role's path -------------------------------------------------------------------
