@@ -143,7 +143,7 @@ class AttributeResolution(Check):
 
     id = "NPP001"
     default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
-    title = "every self.<name> read on the NPU path resolves on the class the deployment builds"
+    title = "Every self.<name> read on the NPU path resolves on the class the deployment builds"
     upstream = (
         "https://github.com/sgl-project/sglang/pull/25249",
         "https://github.com/sgl-project/sglang/pull/11407",

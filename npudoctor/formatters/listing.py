@@ -78,6 +78,8 @@ def explain_markdown(item, full: bool = False, facts=None) -> str:
     ):
         if text:
             lines += [f"### {heading}", "", _markdown(text), ""]
+    if not getattr(item, "default_selected", True):
+        lines += [f"Not in the default selection: runs with `--select {item.id[:3]}` (or `ALL`).", ""]
     try:
         fix = fix_by_id(item.id)
     except KeyError:  # a check without a runtime fix (NPD000)
