@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -48,33 +49,20 @@ def findings_for(version: str, ids: list[str], example_paths: list[Path]) -> lis
             if check.out_of_scope(facts) is not None:
                 continue
             probe = check.static(target, facts)
-            if probe.status.value in ("fail", "warn"):
-                locations = [str(e.location) for e in probe.evidence if e.location] or [probe.summary]
-                for evidence in probe.evidence or ():
-                    rows.append(
-                        {
-                            "release": version,
-                            "example": example.name,
-                            "check": check.id,
-                            "status": probe.status.value,
-                            "where": str(evidence.location) if evidence.location else "",
-                            "observed": evidence.observed,
-                            "expected": evidence.expected,
-                        }
-                    )
-                if not probe.evidence:
-                    rows.append(
-                        {
-                            "release": version,
-                            "example": example.name,
-                            "check": check.id,
-                            "status": probe.status.value,
-                            "where": "",
-                            "observed": probe.summary,
-                            "expected": "",
-                        }
-                    )
-                del locations
+            if probe.status.value not in ("fail", "warn"):
+                continue
+            for evidence in probe.evidence or (None,):  # a finding without evidence: its summary
+                rows.append(
+                    {
+                        "release": version,
+                        "example": example.name,
+                        "check": check.id,
+                        "status": probe.status.value,
+                        "where": str(evidence.location) if evidence and evidence.location else "",
+                        "observed": evidence.observed if evidence else probe.summary,
+                        "expected": evidence.expected if evidence else "",
+                    }
+                )
     target.release()
     return rows
 
@@ -89,8 +77,6 @@ def triaged() -> dict[str, list[dict]]:
 
 
 def is_triaged(row: dict, entries: list[dict]) -> bool:
-    import re
-
     for entry in entries:
         if re.search(entry["where"], row["where"] or row["observed"]) and row["release"] in _releases(entry):
             return True
