@@ -11,12 +11,15 @@ share this walk, so they judge the same path.
 
 * **Roots** (``_root_classes``), per role: the model classes of the architectures in config.json;
   the attention backend the ascend backend builds (``AscendAttnBackend``, and for hybrid linear-
-  attention models the NPU hybrid and GDN backends); the NPU KV pool of the model's attention
+  attention models the NPU hybrid and GDN backends, or the generic ones releases before them ran on
+  NPU); the NPU KV pool of the model's attention
   family (``poolclasses.npu_pool_classes``), the NPU paged allocator; the NPU graph runner unless
   ``--disable-cuda-graph``; the Ascend PD transfer classes for a PD role. All are found by name
   wherever a release keeps them; a root the release lacks is recorded in ``skipped``.
-* **What they build**: the classes constructed on the way (``Class(...)`` in a constructor, also
-  inside the ``lambda`` handed to ``make_layers``), transitively; an NPU-dead branch builds nothing.
+* **What they build**: the classes constructed on the way (``Class(...)`` in a constructor and in
+  the ``lambda`` or closure it hands ``make_layers``; a class-valued parameter default, also one a
+  subclass hands on; every class of a module-level table indexed there), transitively; an NPU-dead
+  branch builds nothing.
 * **What runs**: from each class's ``__init__`` and ``forward`` (``forward_npu`` when the class
   has one: sglang's platform dispatch runs it on NPU) and the methods the runtime calls on each
   root (``_ENTRY_METHODS``: attention, KV writes, allocation, graph capture and replay, the CPU copy
@@ -29,9 +32,10 @@ share this walk, so they judge the same path.
 * **What an Ascend host cannot run** is left out: the other device's twins (``forward_cuda``,
   ``forward_hip``, ...) and every branch ``npuguards.value_on_npu`` proves false on NPU.
 
-The walk is flow-insensitive and over-approximates (a method of a built class is taken as run),
-which is the sound direction for a property that must not pass a crash; each property's triage
-over the wheels (``tests/data/properties/``) is what keeps it free of false alarms.
+The walk is flow-insensitive and over-approximates (every call of a function reached is taken as
+made, a virtual call reaches every class the role builds that implements it), which is the sound
+direction for a property that must not pass a crash; each property's triage over the wheels
+(``tests/data/properties/``, ``scripts/property_triage.py``) is what keeps it free of false alarms.
 """
 
 from __future__ import annotations
