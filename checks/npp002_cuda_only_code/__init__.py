@@ -49,7 +49,8 @@ at start-up (every scheduler process of 0.5.8 .. 0.5.23 imports ``model_runner``
 a ``"cuda"`` device handed to a torch function that is not rewritten, and ``backend="nccl"`` in
 ``new_group`` and the other process-group calls. Without ``transfer_to_npu`` (a tree that does not
 install it), every ``torch.cuda`` call but ``is_available``/``device_count``, every ``"cuda"`` device
-and every nccl group is judged. Harmless: ``torch.cuda.is_available()`` (False on Ascend).
+and every nccl group is judged. Harmless: ``torch.cuda.is_available()`` (it answers on Ascend:
+False without ``transfer_to_npu``, ``torch.npu.is_available()`` with it).
 
 **Verdict**: ``fail`` with the file:line (and the import chain or the function) when something
 CUDA-only runs on an Ascend host whatever the data: a module-level import on imports that surely

@@ -34,7 +34,6 @@ FALSE_ON_NPU = re.compile(
     r"|gfx\d+\w*|nvidia\w*|mnnvl\w*|fi_a2a_supported)"
     r"|cpu_has_amx_support|use_aiter|_is_intel_amx_backend_available)"
 )
-# attribute chains with a known value on an Ascend host (CPU torch + torch_npu)
 # Top-level packages an Ascend host lacks: CUDA (or ROCm) kernel libraries and CUDA driver
 # bindings that sglang's CUDA wheel requires and its Ascend install does not carry (sglang's
 # ``pyproject_other.toml`` ``srt_npu`` extra, later ``pyproject_npu.toml``, plus torch_npu,
@@ -63,8 +62,11 @@ ABSENT_ON_ASCEND = frozenset(
         "mori",
     }
 )
+# attribute chains with a known value on an Ascend host (CPU torch + torch_npu). Not
+# ``torch.cuda.is_available()``: torch_npu's transfer_to_npu, which sglang installs when the model
+# runner is imported (0.5.6.post1+), maps it to ``torch.npu.is_available()``, so its value depends
+# on when it runs; both branches are kept.
 _KNOWN_ATTRIBUTES = {"torch.version.cuda": False, "torch.version.hip": False, "typing.TYPE_CHECKING": False}
-_FALSE_CALLS = {"torch.cuda.is_available": False}
 
 
 def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) -> bool | None:
@@ -81,8 +83,6 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
         return None if inner is None else not inner
     if isinstance(test, ast.Call):
         name = dotted(test.func)
-        if name in _FALSE_CALLS:
-            return _FALSE_CALLS[name]
         short = name.rpartition(".")[2] if name else ""
         if isinstance(test.func, ast.Name):  # ``from sglang.srt.utils import is_cuda as _probe``
             short = _imported_as(tree, path, short)
