@@ -151,8 +151,10 @@ def _assigned_on_instance(klass: ClassInfo) -> set[str]:
             names.add(str(node.args[1].value))
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self_attribute(node):
             names.add(node.attr)
-    for method in klass.methods.values():
-        names |= _assigned_in(method)
+    for method in klass.methods.values():  # the instance under another name than ``self``
+        first = (method.args.posonlyargs + method.args.args)[:1]
+        if first and first[0].arg != "self":
+            names |= _assigned_in(method)
     return names
 
 
