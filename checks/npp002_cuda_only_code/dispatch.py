@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from npudoctor.static.dataflow import module_function
-from npudoctor.static.npuguards import ABSENT_ON_ASCEND, catches, guarded_statements, value_on_npu
+from npudoctor.static.npuguards import ABSENT_ON_ASCEND, catches, guarded_statements, kleene, value_on_npu
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import Frame
 
@@ -349,20 +349,16 @@ def _value(
     tree: SourceTree, path: Path, test: ast.expr, size: int | None, cls: ClassInfo | None
 ) -> bool | None:
     """``test`` on an Ascend host, in a method of ``cls``, for a rotary embedding of head size ``size``."""
-    if isinstance(test, ast.BoolOp):
-        values = [_value(tree, path, v, size, cls) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _value(tree, path, test.operand, size, cls)
-        return None if inner is None else not inner
-    if size is not None and isinstance(test, ast.Compare) and test in _head_size_tests(test):
-        listed = size in {e.value for e in test.comparators[0].elts}
-        return listed if isinstance(test.ops[0], ast.In) else not listed
-    if cls is not None and isinstance(test, ast.Attribute) and _is_self(test.value):
-        return _self_value(tree, cls, test.attr)
-    return value_on_npu(tree, path, test)
+
+    def operand_value(operand: ast.expr) -> bool | None:
+        if size is not None and isinstance(operand, ast.Compare) and operand in _head_size_tests(operand):
+            listed = size in {e.value for e in operand.comparators[0].elts}
+            return listed if isinstance(operand.ops[0], ast.In) else not listed
+        if cls is not None and isinstance(operand, ast.Attribute) and _is_self(operand.value):
+            return _self_value(tree, cls, operand.attr)
+        return value_on_npu(tree, path, operand)
+
+    return kleene(test, operand_value)
 
 
 def _self_value(tree: SourceTree, cls: ClassInfo, name: str) -> bool | None:
@@ -469,17 +465,13 @@ def _local_value(tree: SourceTree, path: Path, expr: ast.expr, local: frozenset[
     """``expr`` on an Ascend host inside a method whose ``local`` names are not known."""
     if expr is _UNKNOWN:
         return None
-    if isinstance(expr, ast.BoolOp):
-        values = [_local_value(tree, path, v, local) for v in expr.values]
-        if isinstance(expr.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        inner = _local_value(tree, path, expr.operand, local)
-        return None if inner is None else not inner
-    if any(isinstance(n, ast.Name) and (n.id in local or n.id == "self") for n in ast.walk(expr)):
-        return None
-    return value_on_npu(tree, path, expr)
+
+    def operand_value(operand: ast.expr) -> bool | None:
+        if any(isinstance(n, ast.Name) and (n.id in local or n.id == "self") for n in ast.walk(operand)):
+            return None
+        return value_on_npu(tree, path, operand)
+
+    return kleene(expr, operand_value)
 
 
 def _function_reaches(context: _Context, ref: FunctionRef, cls: ClassInfo | None) -> Iterator[Reach]:

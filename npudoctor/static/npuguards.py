@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from npudoctor.static.dataflow import imported_module
@@ -73,14 +73,30 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
     """``test`` (an expression in the module at ``path``) on an Ascend host: True, False or None."""
     if _depth > 6:
         return None
-    if isinstance(test, ast.BoolOp):
-        values = [value_on_npu(tree, path, v, _depth + 1) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = value_on_npu(tree, path, test.operand, _depth + 1)
+    return kleene(test, lambda operand: _operand_on_npu(tree, path, operand, _depth))
+
+
+def kleene(expr: ast.expr, operand_value: Callable[[ast.expr], bool | None]) -> bool | None:
+    """``expr`` in three-valued (Kleene) logic: its ``and``/``or``/``not`` are combined here and
+    every other operand is decided by ``operand_value`` (True, False, or None for not known).
+
+    One False decides an ``and`` and one True an ``or`` whatever the other operands are, so a
+    device predicate decides ``is_npu() and <anything>`` on its own; otherwise one operand not
+    known leaves the whole not known, and a guard with both branches kept is never pruned."""
+    if isinstance(expr, ast.BoolOp):
+        decisive = not isinstance(expr.op, ast.And)
+        values = [kleene(v, operand_value) for v in expr.values]
+        if decisive in values:
+            return decisive
+        return (not decisive) if all(v is (not decisive) for v in values) else None
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        inner = kleene(expr.operand, operand_value)
         return None if inner is None else not inner
+    return operand_value(expr)
+
+
+def _operand_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int) -> bool | None:
+    """One operand of a condition (not an ``and``/``or``/``not``) on an Ascend host."""
     if isinstance(test, ast.Call):
         name = dotted(test.func)
         short = name.rpartition(".")[2] if name else ""
@@ -214,17 +230,13 @@ def _local_value(
     tree: SourceTree, path: Path, expr: ast.expr, depth: int, local: frozenset[str]
 ) -> bool | None:
     """``expr`` on an Ascend host inside a function whose ``local`` names are not known."""
-    if isinstance(expr, ast.BoolOp):
-        values = [_local_value(tree, path, v, depth, local) for v in expr.values]
-        if isinstance(expr.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        inner = _local_value(tree, path, expr.operand, depth, local)
-        return None if inner is None else not inner
-    if any(isinstance(n, ast.Name) and n.id in local for n in ast.walk(expr)):
-        return None
-    return value_on_npu(tree, path, expr, depth)
+
+    def operand_value(operand: ast.expr) -> bool | None:
+        if any(isinstance(n, ast.Name) and n.id in local for n in ast.walk(operand)):
+            return None
+        return value_on_npu(tree, path, operand, depth)
+
+    return kleene(expr, operand_value)
 
 
 def _fails_on_npu(body: list[ast.stmt]) -> int | None:
