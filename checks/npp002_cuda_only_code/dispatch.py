@@ -25,12 +25,21 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from npudoctor.static.dataflow import module_function
-from npudoctor.static.npuguards import ABSENT_ON_ASCEND, catches, guarded_statements, kleene, value_on_npu
+from npudoctor.static.npuguards import (
+    ABSENT_ON_ASCEND,
+    catches,
+    ends_block,
+    guarded_statements,
+    kleene,
+    may_return,
+    until_end,
+    value_on_npu,
+)
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import Frame
 
@@ -504,51 +513,77 @@ class _Scan:
 def _scan_block(
     context: _Scan, ref: FunctionRef, body: list[ast.stmt], conditions: tuple[str, ...], caught: bool
 ) -> Iterator[Reach]:
-    for stmt in body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue  # a closure runs when it is called; the walk follows that call
-        if isinstance(stmt, ast.If):
-            yield from _scan_expr(context, ref, stmt.test, conditions)
-            values = context.values(ref.path, stmt.test)
-            text = ast.unparse(stmt.test)
-            if True in values:
-                yield from _scan_block(context, ref, stmt.body, conditions, caught)
-            elif None in values:
-                yield from _scan_block(context, ref, stmt.body, (*conditions, text), caught)
-            if False in values:
-                yield from _scan_block(context, ref, stmt.orelse, conditions, caught)
-            elif None in values:
-                yield from _scan_block(context, ref, stmt.orelse, (*conditions, f"not ({text})"), caught)
-        elif isinstance(stmt, ast.Try):
-            handles = caught or any(catches(h, "ImportError", "ModuleNotFoundError") for h in stmt.handlers)
-            yield from _scan_block(context, ref, stmt.body, conditions, handles)
-            for handler in stmt.handlers:
-                yield from _scan_block(
-                    context, ref, handler.body, (*conditions, "an exception was raised"), caught
-                )
-            yield from _scan_block(context, ref, stmt.orelse + stmt.finalbody, conditions, caught)
-        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
-            head = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
-            yield from _scan_expr(context, ref, head, conditions)
-            yield from _scan_block(context, ref, stmt.body + stmt.orelse, conditions, caught)
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            for item in stmt.items:
-                yield from _scan_expr(context, ref, item.context_expr, conditions)
+    def test_value(test: ast.expr) -> bool | None:
+        values = context.values(ref.path, test)
+        return next(iter(values)) if len(values) == 1 else None
+
+    # the statements after one that surely leaves the block on NPU never run there; those after
+    # one that may return early run only when it did not
+    for stmt in until_end(body, lambda stmt: ends_block(stmt, test_value)):
+        yield from _scan_statement(context, ref, stmt, conditions, caught)
+        if _returned_before(stmt, test_value):
+            conditions = (*conditions, _no_return(stmt))
+
+
+def _scan_statement(
+    context: _Scan, ref: FunctionRef, stmt: ast.stmt, conditions: tuple[str, ...], caught: bool
+) -> Iterator[Reach]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return  # a closure runs when it is called; the walk follows that call
+    if isinstance(stmt, ast.If):
+        yield from _scan_expr(context, ref, stmt.test, conditions)
+        values = context.values(ref.path, stmt.test)
+        text = ast.unparse(stmt.test)
+        if True in values:
             yield from _scan_block(context, ref, stmt.body, conditions, caught)
-        elif isinstance(stmt, ast.Match):
-            yield from _scan_expr(context, ref, stmt.subject, conditions)
-            for case in stmt.cases:
-                yield from _scan_block(context, ref, case.body, (*conditions, "a match case"), caught)
-        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            if caught:
-                continue
-            package = _absent_package(stmt)
-            if package:
-                yield Reach("import", ast.unparse(stmt), ref, stmt.lineno, package, conditions)
-            for module in _sglang_modules(context.tree, ref.path, stmt):
-                yield Reach("lazy", module, ref, stmt.lineno, conditions=conditions)
-        else:
-            yield from _scan_expr(context, ref, stmt, conditions)
+        elif None in values:
+            yield from _scan_block(context, ref, stmt.body, (*conditions, text), caught)
+        if False in values:
+            yield from _scan_block(context, ref, stmt.orelse, conditions, caught)
+        elif None in values:
+            yield from _scan_block(context, ref, stmt.orelse, (*conditions, f"not ({text})"), caught)
+    elif isinstance(stmt, ast.Try):
+        handles = caught or any(catches(h, "ImportError", "ModuleNotFoundError") for h in stmt.handlers)
+        yield from _scan_block(context, ref, stmt.body, conditions, handles)
+        for handler in stmt.handlers:
+            yield from _scan_block(
+                context, ref, handler.body, (*conditions, "an exception was raised"), caught
+            )
+        yield from _scan_block(context, ref, stmt.orelse + stmt.finalbody, conditions, caught)
+    elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+        head = stmt.iter if isinstance(stmt, (ast.For, ast.AsyncFor)) else stmt.test
+        yield from _scan_expr(context, ref, head, conditions)
+        yield from _scan_block(context, ref, stmt.body + stmt.orelse, conditions, caught)
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        for item in stmt.items:
+            yield from _scan_expr(context, ref, item.context_expr, conditions)
+        yield from _scan_block(context, ref, stmt.body, conditions, caught)
+    elif isinstance(stmt, ast.Match):
+        yield from _scan_expr(context, ref, stmt.subject, conditions)
+        for case in stmt.cases:
+            yield from _scan_block(context, ref, case.body, (*conditions, "a match case"), caught)
+    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        if caught:
+            return
+        package = _absent_package(stmt)
+        if package:
+            yield Reach("import", ast.unparse(stmt), ref, stmt.lineno, package, conditions)
+        for module in _sglang_modules(context.tree, ref.path, stmt):
+            yield Reach("lazy", module, ref, stmt.lineno, conditions=conditions)
+    else:
+        yield from _scan_expr(context, ref, stmt, conditions)
+
+
+def _returned_before(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None]) -> bool:
+    """Whether ``stmt`` may return early (``may_return``), short of being the return itself."""
+    return may_return(stmt, test_value) and not isinstance(stmt, (ast.Return, ast.Break, ast.Continue))
+
+
+def _no_return(stmt: ast.stmt) -> str:
+    """The condition under which the statements after ``stmt`` (which may return early) run."""
+    if isinstance(stmt, ast.If):
+        return f"not ({ast.unparse(stmt.test)})"
+    return f"no early return in the block at line {stmt.lineno}"
 
 
 def _scan_expr(

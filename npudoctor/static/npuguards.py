@@ -95,6 +95,52 @@ def kleene(expr: ast.expr, operand_value: Callable[[ast.expr], bool | None]) -> 
     return operand_value(expr)
 
 
+def ends_block(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None]) -> bool:
+    """Whether ``stmt`` surely ends the block it sits in when it runs: a ``return``, ``raise``,
+    ``break`` or ``continue``, or an ``if`` whose side the host takes (``test_value`` of its test
+    known) ends, or both sides end. The statements after it in that block never run: the import
+    after ``if not is_cuda(): return None`` is dead on NPU (sglang's ``DualGemm._select_mode``)."""
+    if isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
+        return True
+    if isinstance(stmt, ast.If):
+        value = test_value(stmt.test)
+        sides = (
+            [stmt.body] if value is True else [stmt.orelse] if value is False else [stmt.body, stmt.orelse]
+        )
+        return all(any(ends_block(s, test_value) for s in side) for side in sides)
+    return False
+
+
+def may_return(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None], in_loop: bool = False) -> bool:
+    """Whether ``stmt`` may leave its block early without an error: a ``return``, or a ``break``
+    or ``continue`` of the block's own loop, on a side the host may take (not inside a nested
+    function). What follows it in the block then runs only sometimes. A ``raise`` does not count:
+    what follows it runs whenever the function does not fail, which is what a crash property asks."""
+    if isinstance(stmt, ast.Return):
+        return True
+    if isinstance(stmt, (ast.Break, ast.Continue)):
+        return not in_loop
+    if isinstance(stmt, ast.If):
+        value = test_value(stmt.test)
+        sides = (
+            [stmt.body] if value is True else [stmt.orelse] if value is False else [stmt.body, stmt.orelse]
+        )
+        return any(may_return(s, test_value, in_loop) for side in sides for s in side)
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):  # its break/continue end only the loop
+        return any(may_return(s, test_value, True) for block in _blocks(stmt) for s in block)
+    if isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try, ast.Match)):
+        return any(may_return(s, test_value, in_loop) for block in _blocks(stmt) for s in block)
+    return False
+
+
+def until_end(block: list[ast.stmt], ends: Callable[[ast.stmt], bool]) -> list[ast.stmt]:
+    """The statements of ``block`` up to and including the first for which ``ends`` holds."""
+    for index, stmt in enumerate(block):
+        if ends(stmt):
+            return block[: index + 1]
+    return block
+
+
 def _operand_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int) -> bool | None:
     """One operand of a condition (not an ``and``/``or``/``not``) on an Ascend host."""
     if isinstance(test, ast.Call):
@@ -334,7 +380,7 @@ def guarded_statements(
 def _walk_block(
     tree: SourceTree, path: Path, body: list[ast.stmt], caught: bool
 ) -> Iterator[tuple[ast.stmt, bool]]:
-    for stmt in body:
+    for stmt in until_end(body, lambda stmt: ends_block(stmt, lambda test: value_on_npu(tree, path, test))):
         if isinstance(stmt, ast.If):
             value = value_on_npu(tree, path, stmt.test)
             if value is not False:

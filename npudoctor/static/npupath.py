@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.static.classdefs import attribute_classes
 from npudoctor.static.dataflow import files_declaring_base as tree_files_declaring_base
-from npudoctor.static.npuguards import catches, value_on_npu
+from npudoctor.static.npuguards import catches, ends_block, may_return, until_end, value_on_npu
 from npudoctor.static.poolclasses import GENERIC_POOL, npu_pool_classes, pool_family
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import CallResolver, Frame, PathWalker, method_on
@@ -145,58 +145,66 @@ def reachable_calls(frame: Frame) -> Iterator[ast.Call]:
 def live_nodes(ref: FunctionRef) -> list[ast.AST]:
     """The nodes of a function body an Ascend host can run, in source order (memoised per tree):
     ``if``/``elif``/``else`` and conditional expressions are entered only on the sides
-    ``value_on_npu`` does not prove false; nested functions and classes are not entered (a
-    closure runs when it is called, and the walk follows that call)."""
+    ``value_on_npu`` does not prove false; a block ends at a statement that surely leaves it on NPU
+    (``ends_block``: the code after ``if not is_cuda(): return`` is dead); nested functions and
+    classes are not entered (a closure runs when it is called, and the walk follows that call)."""
     memo = ref.tree.memo.setdefault("npupath.live", {})
     key = id(ref.node)
     if key not in memo:
+        tree, path = ref.tree, ref.path
+
+        def cut(block: list[ast.stmt]) -> list[ast.stmt]:
+            return until_end(
+                block, lambda stmt: ends_block(stmt, lambda test: value_on_npu(tree, path, test))
+            )
+
         found: list[ast.AST] = []
-        _collect(ref.tree, ref.path, list(ref.node.body), found)
+        stack: list[ast.AST] = list(cut(ref.node.body))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            found.append(node)
+            if isinstance(node, (ast.If, ast.IfExp)):
+                stack.append(node.test)
+                value = value_on_npu(tree, path, node.test)
+                if value is not False:
+                    stack.extend(cut(node.body) if isinstance(node.body, list) else [node.body])
+                if value is not True:
+                    stack.extend(cut(node.orelse) if isinstance(node.orelse, list) else [node.orelse])
+                continue
+            stack.extend(_children(node, cut))
         found.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
         memo[key] = found
     return memo[key]
 
 
-def _collect(tree: SourceTree, path: Path, nodes: list[ast.AST], found: list[ast.AST]) -> None:
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
-        if isinstance(node, (ast.If, ast.IfExp)):
-            found.append(node)
-            stack.append(node.test)
-            value = value_on_npu(tree, path, node.test)
-            body = node.body if isinstance(node.body, list) else [node.body]
-            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
-            if value is not False:
-                stack.extend(body)
-            if value is not True:
-                stack.extend(orelse)
-            continue
-        found.append(node)
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def unconditional_nodes(function: FunctionRef) -> list[ast.AST]:
     """The nodes of ``function`` that run every time it runs on NPU: outside ``if``/``while``
     bodies whose test is not known on NPU (a test known true or false keeps or drops its side),
-    conditional expressions, the later operands of ``and``/``or``, exception handlers and ``try``
-    bodies that catch ``AttributeError``; nested functions and classes are not entered."""
+    conditional expressions, the later operands of ``and``/``or``, exception handlers, ``try``
+    bodies that catch ``AttributeError``, and what follows a statement that may return early
+    (``may_return``); nested functions and classes are not entered."""
     memo = function.tree.memo.setdefault("npupath.unconditional", {})
     if id(function.node) in memo:
         return memo[id(function.node)]
     found: list[ast.AST] = []
     tree, path = function.tree, function.path
 
+    def test_value(test: ast.expr) -> bool | None:
+        return value_on_npu(tree, path, test)
+
+    def cut(block: list[ast.stmt]) -> list[ast.stmt]:
+        return until_end(block, lambda stmt: may_return(stmt, test_value) or ends_block(stmt, test_value))
+
     def visit(node: ast.AST) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             return
         if isinstance(node, (ast.If, ast.IfExp, ast.While)):
             visit(node.test)
-            value = value_on_npu(tree, path, node.test)
-            body = node.body if isinstance(node.body, list) else [node.body]
-            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            value = test_value(node.test)
+            body = cut(node.body) if isinstance(node.body, list) else [node.body]
+            orelse = cut(node.orelse) if isinstance(node.orelse, list) else [node.orelse]
             if value is True and not isinstance(node, ast.While):
                 for child in body:
                     visit(child)
@@ -209,19 +217,29 @@ def unconditional_nodes(function: FunctionRef) -> list[ast.AST]:
             return
         if isinstance(node, ast.Try):
             if not any(catches(h, "AttributeError") for h in node.handlers):
-                for child in node.body:
+                for child in cut(node.body):
                     visit(child)
-            for child in node.finalbody:
+            for child in cut(node.finalbody):
                 visit(child)
             return
         found.append(node)
-        for child in ast.iter_child_nodes(node):
+        for child in _children(node, cut):
             visit(child)
 
-    for stmt in function.node.body:
+    for stmt in cut(function.node.body):
         visit(stmt)
     memo[id(function.node)] = found
     return found
+
+
+def _children(node: ast.AST, cut: Callable[[list[ast.stmt]], list[ast.stmt]]) -> Iterator[ast.AST]:
+    """The child nodes of ``node`` (as ``ast.iter_child_nodes``), each statement list ``cut``."""
+    for _, value in ast.iter_fields(node):
+        if isinstance(value, list):
+            items = cut(value) if value and isinstance(value[0], ast.stmt) else value
+            yield from (item for item in items if isinstance(item, ast.AST))
+        elif isinstance(value, ast.AST):
+            yield value
 
 
 # ----- building one role's path -------------------------------------------------------------------
