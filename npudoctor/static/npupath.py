@@ -30,7 +30,10 @@ share this walk, so they judge the same path.
   it sits outside any condition the source cannot decide (``unconditional_nodes``), so a property
   can tell "runs whenever the entry runs" from "runs if the data says so".
 * **What an Ascend host cannot run** is left out: the other device's twins (``forward_cuda``,
-  ``forward_hip``, ...) and every branch ``npuguards.value_on_npu`` proves false on NPU.
+  ``forward_hip``, ...), every branch ``npuguards.value_on_npu`` proves false on NPU, and what
+  follows a statement that surely leaves its block there (``npuguards.ends_block``: the import
+  after ``if not is_cuda(): return None``). What follows a statement that may return early is
+  reached but not unconditional (``npuguards.may_return``).
 
 The walk is flow-insensitive and over-approximates (every call of a function reached is taken as
 made, a virtual call reaches every class the role builds that implements it), which is the sound
