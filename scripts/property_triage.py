@@ -31,7 +31,8 @@ TRIAGE = REPO / "tests" / "data" / "properties"
 
 
 def examples() -> list[Path]:
-    return sorted((REPO / "examples").glob("*.yaml"))
+    """examples/*.yaml and the deployments kept for the triage alone (tests/data/properties/deployments)."""
+    return sorted((REPO / "examples").glob("*.yaml")) + sorted((TRIAGE / "deployments").glob("*.yaml"))
 
 
 def findings_for(version: str, ids: list[str], example_paths: list[Path]) -> list[dict]:
@@ -103,7 +104,12 @@ def main() -> int:
     parser.add_argument(
         "--releases", nargs="*", help=f"releases (default: {SINCE} .. newest, posts included)"
     )
-    parser.add_argument("--examples", nargs="*", type=Path, help="deployments (default: examples/*.yaml)")
+    parser.add_argument(
+        "--examples",
+        nargs="*",
+        type=Path,
+        help="deployments (default: examples/*.yaml and tests/data/properties/deployments/*.yaml)",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 on a finding no triage file names")
