@@ -256,7 +256,7 @@ def _load_yaml(path: Path) -> Any:
         raise InputError(f"{path}: no such deployment file")
     try:
         with open(path, encoding="utf-8") as handle:
-            return yaml.safe_load(handle)
+            data = yaml.safe_load(handle)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -268,6 +268,32 @@ def _load_yaml(path: Path) -> Any:
         # what safe_load's constructors raise beside YAMLError: a date like 2026-13-45, a number too
         # long to convert, nesting deeper than the parser recurses
         raise InputError(f"{path}: invalid YAML: {_first_line(error)}") from None
+    cycle = _cycle(data, (), ())
+    if cycle is not None:
+        raise InputError(
+            f"{path}: invalid YAML: {'.'.join(map(str, cycle))} refers to a mapping or list that"
+            " contains it (an alias to its own anchor)"
+        )
+    return data
+
+
+def _cycle(value: Any, around: tuple[int, ...], keys: tuple, done: set[int] | None = None) -> tuple | None:
+    """The keys to a value that refers back to a mapping or list it sits in, if any. YAML anchors
+    and aliases can build such a cycle (``&h {text_config: *h}``), which every reader of the facts
+    would follow for ever (a RecursionError deep in a check). A value shared by several aliases is
+    walked once (``done``), so a document of nested aliases costs its size, not its expansion."""
+    done = set() if done is None else done
+    if not isinstance(value, (dict, list)) or id(value) in done:
+        return None
+    if id(value) in around:
+        return keys
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        found = _cycle(item, (*around, id(value)), (*keys, key), done)
+        if found is not None:
+            return found
+    done.add(id(value))
+    return None
 
 
 def _first_line(error: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 
 from npudoctor.deployment import load
 from npudoctor.deployment.facts import AttentionKind, ModelFacts
@@ -169,6 +170,11 @@ def test_draft_layers_from_speculative_decoding():
         ("roles:\n  d: {args: [--pp-size]}\n", "roles.d.args"),
         ("ignore: [{id: NPD001, until: someday}]\n", "ignore[0]: expiry 'someday' is not a date"),
         ("- just\n- a list\n", "top level must be a mapping"),
+        (  # an alias inside its own anchor: a cycle every reader would follow for ever
+            "model: {hf_config: &h {num_hidden_layers: 2, num_attention_heads: 2, text_config: *h}}\n",
+            "model.hf_config.text_config refers to a mapping or list that contains it",
+        ),
+        ("roles:\n  a: &r [--pp-size, 2, *r]\n", "roles.a.2 refers to"),
     ],
 )
 def test_yaml_errors_name_the_field(tmp_path, yaml_text, message):
@@ -199,3 +205,16 @@ def test_launch_command_forms():
         parse_command(["--enable-dp-attention", "yes"])
     with pytest.raises(InputError, match="unexpected argument"):
         parse_command(["--pp-size", "2", "--", "x"])
+
+
+def test_shared_aliases_are_not_a_cycle_and_cost_their_size(tmp_path):
+    """Anchors reused without a cycle are plain YAML (the same server args for two roles), and a
+    document of nested aliases is checked in its own size, not its expansion (2**30 leaves here)."""
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "model: {hf_config: {num_hidden_layers: 2, num_attention_heads: 2, hidden_size: 8}}\n"
+        "roles:\n  prefill: {server_args: &a {tp_size: 2}}\n  decode: {server_args: *a}\n"
+    )
+    assert load.from_yaml(shared).facts.roles[1].server_args["tp_size"] == 2
+    nested = ["x0: &x0 [0, 0]"] + [f"x{i}: &x{i} [*x{i - 1}, *x{i - 1}]" for i in range(1, 30)]
+    assert load._cycle(yaml.safe_load("\n".join(nested)), (), ()) is None
