@@ -32,13 +32,33 @@ QUICK_STATES = ("0.5.9", "0.5.13", "0.5.13+cp-gap")
 def sweep(states, quick=QUICK_STATES) -> list:
     """Parameters over ``states`` (or tuples whose first item is a state) for a test that costs a
     live run or a child interpreter per state: those in ``quick`` (a state, or a whole tuple) run
-    in the quick tier, the others are marked slow."""
-    return [
-        value
-        if value in quick or (isinstance(value, tuple) and value[0] in quick)
-        else pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=pytest.mark.slow)
-        for value in states
-    ]
+    in the quick tier, the others are marked slow. The default run (CI) adds the sweep's last
+    state (its newest release); the states between are also marked ``sweep`` and run with
+    ``--full``."""
+    states = list(states)
+    params = []
+    for index, value in enumerate(states):
+        if value in quick or (isinstance(value, tuple) and value[0] in quick):
+            params.append(value)
+            continue
+        marks = [pytest.mark.slow] if index == len(states) - 1 else [pytest.mark.slow, pytest.mark.sweep]
+        params.append(pytest.param(*(value if isinstance(value, tuple) else (value,)), marks=marks))
+    return params
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="run every state of every sweep (the tests marked 'sweep'); without it they are "
+        "deselected and the run samples each sweep (npudoctor's CI)",
+    )
+
+
+def pytest_report_header(config):
+    if config.getoption("--full"):
+        return "npudoctor: --full: every state of every sweep"
+    return "npudoctor: each sweep sampled (tests marked 'sweep' deselected; --full runs them)"
 
 
 def fixprobe(
@@ -178,6 +198,11 @@ def pytest_collection_modifyitems(config, items):
     own hook, which reads the groups.)"""
     import re
 
+    if not config.getoption("--full"):
+        sampled_out = [item for item in items if item.get_closest_marker("sweep")]
+        if sampled_out:
+            config.hook.pytest_deselected(items=sampled_out)
+            items[:] = [item for item in items if not item.get_closest_marker("sweep")]
     state = re.compile(r"\d+\.\d+\.\d+(\+[\w-]+)?")
     for item in items:
         if "live_report" not in getattr(item, "fixturenames", ()):

@@ -17,7 +17,7 @@ import pytest
 
 from npudoctor.patching.fixbase import all_fixes
 
-from conftest import fixprobe
+from conftest import fixprobe, sweep
 from support.repo import EXAMPLES, REPO
 from support.trees import overlay_tree, replace_text
 from support.truths import RELEASES, TRUTH, truth_verdict
@@ -81,8 +81,10 @@ def test_written_for_matches_the_real_releases(fix_id, subject):
             assert fix.shape_of_source(discover(subject(version)).tree) == shape, version
 
 
-@pytest.mark.slow  # each (fix id, buggy state) imports sglang in a child
-@pytest.mark.parametrize(("fix_id", "version"), [(f, v) for f in FIX_IDS for v in buggy(f)])
+# each (fix id, buggy state) imports sglang in a child: slow; every buggy state of a fix with --full
+@pytest.mark.parametrize(
+    ("fix_id", "version"), [p for f in FIX_IDS for p in sweep([(f, v) for v in buggy(f)], quick=())]
+)
 def test_buggy_release_fixed_in_process_then_reverted(fix_id, version, subject):
     result = fixprobe(subject(version), "inprocess", fix_id, SCENARIOS[fix_id])
     assert result["decision"] == "apply", result
@@ -118,8 +120,8 @@ def test_with_fix_turns_the_live_check_green(fix_id, live_report):
     assert any("the installed source, read statically: fail" in a for a in result["assumptions"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fix_id", FIX_IDS)
+@pytest.mark.slow  # the bootstrap is one for every fix: the default run proves it on the first and last
+@pytest.mark.parametrize("fix_id", sweep(FIX_IDS, quick=FIX_IDS[:1]))
 def test_npudoctor_run_reaches_a_spawned_child(fix_id, subject, live_report):
     from npudoctor.patching.fixbase import Safety, fix_by_id
 

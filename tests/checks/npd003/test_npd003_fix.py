@@ -32,7 +32,7 @@ from test_npd003_static import write_deployment
 from npudoctor.patching.fixbase import fix_by_id
 from npudoctor.target.discovery import discover
 
-from conftest import fixprobe
+from conftest import fixprobe, sweep
 from support.repo import EXAMPLES, REPO
 from support.trees import replace_text
 from support.truths import RELEASES, truth_verdict
@@ -158,7 +158,7 @@ def test_0510_ships_the_ascend_transfer_code_of_0511(release):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", WRITTEN_FOR)
+@pytest.mark.parametrize("version", sweep(WRITTEN_FOR))  # 0.5.9 (no PP handling) and 0.5.11
 def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
     """MLA (K, V), MLA + indexer, MHA; even and uneven splits; no draft, MTP/EAGLE3 draft on a
     decode of PP 1 or of the prefill's PP size: unpatched, the examples and the uneven MHA splits
@@ -181,7 +181,7 @@ def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", WRITTEN_FOR)
+@pytest.mark.parametrize("version", sweep(WRITTEN_FOR))  # 0.5.9 (no PP handling) and 0.5.11
 def test_pairs_per_stage_with_the_fix(probed, version):
     """The exact pairs of the first and last buffers of each stage (the probe quotes them)."""
     fixed = probed(version)["fixed"]
@@ -334,7 +334,7 @@ def later_deployments(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", LATER)
+@pytest.mark.parametrize("version", sweep(LATER, quick=()))
 def test_the_mha_splitter_fix_maps_every_stage_on_later_releases(release, later_deployments, version):
     """Unpatched, the uneven MHA splits write V into other layers (with and without a draft layer
     on decode); with the fix every stage of every deployment maps one to one, MLA and MLA with the
@@ -426,7 +426,7 @@ WITH_FIX = [f"0.5.{minor}" for minor in range(12, 24)]  # 0.5.12 ... 0.5.23
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", WITH_FIX)
+@pytest.mark.parametrize("version", sweep(WITH_FIX, quick=()))
 def test_with_fix_cures_the_llama_split_on_every_later_release(live_report, tmp_path, version):
     """Static fails the split (the installed splitter's arithmetic); with the fix the live probe
     runs sglang's send_kvcache through the replacement and every stage maps one to one."""

@@ -185,9 +185,13 @@ def test_a_raise_under_a_condition_is_not_an_always_raising_call(cli, release, o
     assert result["status"] == "pass", result["summary"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v3.2"])
-@pytest.mark.parametrize("strategy", ["zigzag", "interleave"])
+# each case walks every release; the default run takes the last (the indexer model, interleave)
+MLA_CP = [
+    (strategy, model) for model in ("deepseek-v3", "deepseek-v3.2") for strategy in ("zigzag", "interleave")
+]
+
+
+@pytest.mark.parametrize(("strategy", "model"), sweep(MLA_CP, quick=()))
 def test_mla_cp_paths_have_no_always_raising_call_on_any_release(cli, release, tmp_path, model, strategy):
     """The MLA families walk their own CP readers: the stub shims 0.5.20+ keep in cp_utils
     (cp_all_gather_rerange_output, read by 0.5.20's NPU indexer only under its DSA CP switch, which
