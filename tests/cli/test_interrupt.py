@@ -33,13 +33,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _default_sigint() -> None:
-    """Run in the child before exec: SIGINT as a terminal's foreground job has it. A shell starts
-    background jobs (``./scripts/test.sh &``) with SIGINT ignored, every process inherits that, and
-    Python then installs no KeyboardInterrupt handler: the test would measure how it was started."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _interrupted(argv: list[str], parent_only: bool = False) -> subprocess.CompletedProcess:
     """``npudoctor ARGV`` in a session of its own, Ctrl-C'd a second after its first child process
     (a worker, the live child) started; ``parent_only``: SIGINT to npudoctor's process alone (``kill
@@ -47,7 +40,7 @@ def _interrupted(argv: list[str], parent_only: bool = False) -> subprocess.Compl
     command = [str(Path(sys.executable).parent / "npudoctor"), *argv]  # the venv's, as a user runs it
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                               env=env, start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
+                               env=env, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while not _children(process.pid):
         assert process.poll() is None, f"{argv} ended before it started work: {process.communicate()}"
@@ -95,8 +88,7 @@ def test_run_reports_a_command_sigint_ended_as_130(release):
     reports it (it was the negative number Popen gives, which became exit 254)."""
     env = {**os.environ, "PYTHONPATH": str(release("0.5.23"))}
     done = subprocess.run([str(Path(sys.executable).parent / "npudoctor"), "run", "--depth", "static", "--quiet",
-                           "--", "sh", "-c", "kill -INT $$"], capture_output=True, text=True, env=env, cwd=REPO,
-                          preexec_fn=_default_sigint)  # fmt: skip
+                           "--", "sh", "-c", "kill -INT $$"], capture_output=True, text=True, env=env, cwd=REPO)  # fmt: skip
     assert (done.returncode, done.stderr) == (130, ""), done.stderr
 
 
