@@ -317,8 +317,14 @@ class _Context:
         """What ``test`` is on an Ascend host in a method of ``cls``: for each rotary head size the
         deployment builds when it compares one (``self.head_size not in [64, 128, 256, 512]``), else
         its one value; ``self.<name>`` is what the class assigns it (``_self_value``)."""
-        sizes = self.head_sizes if self.head_sizes and _head_size_tests(test) else (None,)
-        return {_value(self.tree, path, test, size, cls) for size in sizes}
+        # a test is asked by the scan and by its cut; the entry holds the node, so its id is not reused
+        memo = self.tree.memo.setdefault("npp002.values", {})
+        key = (path, id(test), id(cls), self.head_sizes)
+        entry = memo.get(key)
+        if entry is None or entry[0] is not test:
+            sizes = self.head_sizes if self.head_sizes and _head_size_tests(test) else (None,)
+            entry = memo[key] = (test, {_value(self.tree, path, test, size, cls) for size in sizes})
+        return entry[1]
 
 
 def rope_head_sizes(model) -> frozenset[int]:

@@ -73,7 +73,14 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
     """``test`` (an expression in the module at ``path``) on an Ascend host: True, False or None."""
     if _depth > 6:
         return None
-    return kleene(test, lambda operand: _operand_on_npu(tree, path, operand, _depth))
+    if _depth:
+        return kleene(test, lambda operand: _operand_on_npu(tree, path, operand, _depth))
+    # the walks ask each test several times; the entry holds the node, so its id is not reused
+    memo = tree.memo.setdefault("npuguards.value_on_npu", {})
+    entry = memo.get((path, id(test)))
+    if entry is None or entry[0] is not test:
+        entry = memo[(path, id(test))] = (test, kleene(test, lambda o: _operand_on_npu(tree, path, o, 0)))
+    return entry[1]
 
 
 def kleene(expr: ast.expr, operand_value: Callable[[ast.expr], bool | None]) -> bool | None:
