@@ -13,7 +13,12 @@ command npudoctor prints names files that exist.
 from setuptools import find_packages, setup
 
 setup(
-    package_dir={"npudoctor": "npudoctor", "npudoctor.checks": "checks", "npudoctor.fixes": "fixes", "npudoctor.catalog": "catalog"},
+    package_dir={
+        "npudoctor": "npudoctor",
+        "npudoctor.checks": "checks",
+        "npudoctor.fixes": "fixes",
+        "npudoctor.catalog": "catalog",
+    },
     packages=[
         *find_packages(include=["npudoctor", "npudoctor.*"]),  # the engine's packages
         "npudoctor.patching.bootstrap",
