@@ -110,11 +110,7 @@ def ends_block(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None]) ->
     if isinstance(stmt, (ast.Return, ast.Raise, ast.Break, ast.Continue)):
         return True
     if isinstance(stmt, ast.If):
-        value = test_value(stmt.test)
-        sides = (
-            [stmt.body] if value is True else [stmt.orelse] if value is False else [stmt.body, stmt.orelse]
-        )
-        return all(any(ends_block(s, test_value) for s in side) for side in sides)
+        return all(any(ends_block(s, test_value) for s in side) for side in _sides_taken(stmt, test_value))
     return False
 
 
@@ -128,16 +124,20 @@ def may_return(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None], in
     if isinstance(stmt, (ast.Break, ast.Continue)):
         return not in_loop
     if isinstance(stmt, ast.If):
-        value = test_value(stmt.test)
-        sides = (
-            [stmt.body] if value is True else [stmt.orelse] if value is False else [stmt.body, stmt.orelse]
+        return any(
+            may_return(s, test_value, in_loop) for side in _sides_taken(stmt, test_value) for s in side
         )
-        return any(may_return(s, test_value, in_loop) for side in sides for s in side)
     if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):  # its break/continue end only the loop
         return any(may_return(s, test_value, True) for block in _blocks(stmt) for s in block)
     if isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try, ast.Match)):
         return any(may_return(s, test_value, in_loop) for block in _blocks(stmt) for s in block)
     return False
+
+
+def _sides_taken(stmt: ast.If, test_value: Callable[[ast.expr], bool | None]) -> list[list[ast.stmt]]:
+    """The branches of ``stmt`` the host may take: the one its known test picks, else both."""
+    value = test_value(stmt.test)
+    return [stmt.body] if value is True else [stmt.orelse] if value is False else [stmt.body, stmt.orelse]
 
 
 def until_end(block: list[ast.stmt], ends: Callable[[ast.stmt], bool]) -> list[ast.stmt]:
