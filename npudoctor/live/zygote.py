@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import json
 import os
 import pickle
@@ -43,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npudoctor.engine.check import LiveOutcome
+from npudoctor.target.privatestore import MISS, PrivateStore, entry_name
 
 # Environment variables that differ between a pool's runs without changing what sglang or a
 # probe does (PYTHONPATH, which names the tree, is part of a zygote's key instead): a run whose
@@ -343,7 +343,8 @@ class Pool:
 
     With ``memo`` (a directory, which other processes may share) an outcome the pool computed is
     kept there and is the answer to the same run asked again (same tree, checks, fixes, facts and
-    environment): the probes too run once."""
+    environment): the probes too run once, and no zygote starts for it. The memo is a
+    ``PrivateStore``: an outcome is unpickled only when this user's pool sealed it."""
 
     def __init__(self, limit: int = 2, accepts: Callable[[str], bool] = lambda root: True, memo=None):
         self.limit, self.accepts, self.memo = limit, accepts, memo
@@ -360,30 +361,30 @@ class Pool:
         if not self.accepts(root) or _same_environment(env) != self.environment:
             return fresh()
         key = (root, env.get("PYTHONPATH", ""))
+        order = [c.id for c in all_checks() if c.id in ids]
+        steps = [("fixes", json.dumps(fixes, sort_keys=True))] + [("import", i) for i in order]
+        memo = self._memo_file(root, steps, facts, env)
+        outcome = PrivateStore(self.memo).load(memo.name) if memo is not None else MISS
+        if isinstance(outcome, LiveOutcome):  # the answer is known: no zygote needed for it
+            for step in ["import", *(i for i in order if i in outcome.probe_seconds)]:
+                if on_step is not None:
+                    on_step(step)
+            self.remembered += 1
+            return _PooledRun(self, key, None, fresh, outcome)
         zygote = self._zygotes.pop(key, None)
         if zygote is None or zygote.process.poll() is not None:
             zygote = _Zygote(root, env)
         self._zygotes[key] = zygote
         while len(self._zygotes) > self.limit:
             self._zygotes.popitem(last=False)[1].close()
-        order = [c.id for c in all_checks() if c.id in ids]
-        steps = [("fixes", json.dumps(fixes, sort_keys=True))] + [("import", i) for i in order]
-        memo = self._memo_file(root, steps, facts, env)
-        if memo is not None and memo.is_file():
-            with contextlib.suppress(Exception):
-                outcome = pickle.loads(memo.read_bytes())
-                for step in ["import", *(i for i in order if i in outcome.probe_seconds)]:
-                    if on_step is not None:
-                        on_step(step)
-                self.remembered += 1
-                return _PooledRun(self, key, None, fresh, outcome)
         zygote.on_step = on_step
         if on_step is not None:
             on_step("import")
         asked = zygote.ask(steps, {"facts": facts, "checks": order, "env": env})
         return _PooledRun(self, key, zygote if asked else None, fresh, memo=memo)
 
-    def _memo_file(self, root: str, steps: list, facts, env: dict[str, str]):
+    def _memo_file(self, root: str, steps: list, facts, env: dict[str, str]) -> Path | None:
+        """The file of ``memo`` (a ``PrivateStore``: shared, so sealed) that keeps this run's outcome."""
         if self.memo is None:
             return None
         try:
@@ -391,7 +392,7 @@ class Pool:
             key = pickle.dumps((root, env.get("PYTHONPATH", ""), steps, facts, environment))
         except Exception:
             return None
-        return Path(self.memo) / f"{hashlib.sha256(key).hexdigest()[:24]}.pickle"
+        return Path(self.memo) / entry_name(key)
 
     def _failed(self, key) -> None:
         zygote = self._zygotes.pop(key, None)
@@ -423,10 +424,7 @@ class _PooledRun:
             else:
                 self._pool.served += 1
                 if self._memo is not None:
-                    with contextlib.suppress(OSError):
-                        staging = self._memo.with_suffix(f".{os.getpid()}.partial")
-                        staging.write_bytes(pickle.dumps(answer))
-                        staging.rename(self._memo)
+                    PrivateStore(self._memo.parent).save(answer, self._memo.name)
             self._outcome = answer
         return self._outcome
 

@@ -24,10 +24,14 @@ Python environment the live child imports from (``installed_fingerprint``: torch
 modules stood in), so it is kept under those four: ``check``, ``fix``, ``fix --apply``, ``fix
 --status`` and ``run`` of one deployment run the live depth once.
 
-Kept in ``$NPUDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/npudoctor`` (``~/.cache/npudoctor``);
-``NPUDOCTOR_NO_CACHE=1`` turns it off. A probe that raises is never kept.
-An unreadable or damaged entry is a miss; a cache directory that cannot be written costs only
-the speed.
+Kept in ``$NPUDOCTOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/npudoctor`` (``~/.cache/npudoctor``), as
+``static/<generation>/<entry>.pickle``: a generation (24 hex digits of npudoctor's code key) per
+npudoctor version or edit. ``NPUDOCTOR_NO_CACHE=1`` turns it off. A probe that raises is never
+kept. The entries are a ``PrivateStore``'s (``npudoctor.target.privatestore``): read back only when
+this user wrote them and sealed with this user's key, reached never through a symlink, and pruning
+deletes only generations and entries of its own naming, so a variable pointed at a folder of other
+files costs none of them. An unreadable, damaged or untrusted entry is a miss; a cache directory
+that cannot be written costs only the speed.
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import pickle
-import shutil
+import re
 import sys
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
+
+from npudoctor.target.privatestore import MISS, PrivateStore, entry_name
 
 NO_CACHE = "NPUDOCTOR_NO_CACHE"
 T = TypeVar("T")
@@ -70,27 +75,19 @@ def remembered(kind: str, tree: tuple[str, ...], compute: Callable[[], T], *inpu
     return value
 
 
-MISS = object()  # what ``lookup`` returns when the cache holds no answer
-
-
 def lookup(kind: str, tree: tuple[str, ...], *inputs: str) -> object:
     """The answer kept for ``kind`` on this tree and ``inputs`` (see ``remembered``), else ``MISS``:
     for a caller that computes the answer in steps (the live depth: a child started, other work
     done while it runs, its outcome collected) and ``keep``s it at the end."""
     if not enabled():
         return MISS
-    with (
-        contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError),
-        open(_entry(kind, tree, inputs), "rb") as handle,
-    ):
-        return pickle.load(handle)
-    return MISS
+    return PrivateStore(cache_dir()).load(*_place(kind, tree, inputs))
 
 
 def keep(value: object, kind: str, tree: tuple[str, ...], *inputs: str) -> None:
     """Keep ``value`` as the answer ``lookup`` gives for the same ``kind``, tree and ``inputs``."""
-    if enabled():
-        _store(_entry(kind, tree, inputs), value)
+    if enabled() and PrivateStore(cache_dir()).save(value, *_place(kind, tree, inputs)):
+        _prune()
 
 
 def installed_fingerprint() -> str:
@@ -112,33 +109,19 @@ def tree_fingerprint(package_dir: Path) -> str:
     return _fingerprint([package_dir], lambda name: name.endswith(".py"))
 
 
-def _entry(kind: str, tree: tuple[str, ...], inputs: tuple[str, ...]) -> Path:
-    key = hashlib.sha256("\0".join((kind, *tree, *inputs)).encode("utf-8", "surrogatepass")).hexdigest()
-    return cache_dir() / "static" / _code_fingerprint() / f"{key}.pickle"
-
-
-def _store(path: Path, value: object) -> None:
-    with contextlib.suppress(OSError, pickle.PicklingError, TypeError, AttributeError):
-        if not path.parent.is_dir():
-            path.parent.mkdir(parents=True)
-            _prune(path.parent.parent, keep=path.parent)
-        staging = path.with_suffix(f".{os.getpid()}.partial")
-        with open(staging, "wb") as handle:
-            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        staging.replace(path)  # a concurrent reader sees the whole entry or none
+def _place(kind: str, tree: tuple[str, ...], inputs: tuple[str, ...]) -> tuple[str, str, str]:
+    key = "\0".join((kind, *tree, *inputs)).encode("utf-8", "surrogatepass")
+    return "static", _code_fingerprint(), entry_name(key)
 
 
 KEPT_GENERATIONS = 4
+GENERATION = re.compile(r"[0-9a-f]{24}")  # ``_code_fingerprint``'s: the only folders pruning touches
 
 
-def _prune(root: Path, keep: Path) -> None:
-    """A new npudoctor (or an edit of it) starts a new directory of answers: only the
+def _prune() -> None:
+    """A new npudoctor (or an edit of it) starts a new generation of answers: only the
     ``KEPT_GENERATIONS`` most recent are kept (another installed version may still use one)."""
-    generations = sorted(
-        (d for d in root.iterdir() if d.is_dir() and d != keep), key=lambda d: d.stat().st_mtime
-    )
-    for old in generations[: max(0, len(generations) - (KEPT_GENERATIONS - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+    PrivateStore(cache_dir()).prune(("static",), GENERATION, keep=_code_fingerprint(), kept=KEPT_GENERATIONS)
 
 
 @lru_cache(maxsize=1)

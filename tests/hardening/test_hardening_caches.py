@@ -85,36 +85,6 @@ def test_a_symlinked_static_folder_is_not_followed(cli, release, tmp_path, monke
     assert check(cli, release) == first
 
 
-def test_old_generations_of_its_own_are_still_pruned(cli, release, static_cache):
-    """Each npudoctor version (or edit) answers in a generation directory of its own; a new one
-    keeps only the most recent few of its own, and leaves a folder it did not make alone."""
-    from npudoctor.target.resultcache import KEPT_GENERATIONS
-
-    check(cli, release)
-    (current,) = {p.parent for p in entries(static_cache)}
-    entry_name = entries(static_cache)[0].name
-    old = []
-    for index in range(KEPT_GENERATIONS + 2):
-        generation = static_cache / "static" / f"{index:024x}"
-        generation.mkdir()
-        (generation / entry_name).write_bytes(b"an old answer")
-        os.utime(generation, (1_000_000 + index, 1_000_000 + index))
-        old.append(generation.name)
-    foreign = static_cache / "static" / "vendor"
-    foreign.mkdir()
-    (foreign / "lib.js").write_text("keep me")
-    os.utime(foreign, (1, 1))  # the oldest of all
-    for path in entries(static_cache):
-        if path.parent == current:
-            path.unlink()
-    current.rmdir()  # the next run is a new generation, as after an upgrade
-    check(cli, release)
-    kept = sorted(d.name for d in (static_cache / "static").iterdir())
-    assert [k for k in kept if k in old] == old[-(KEPT_GENERATIONS - 1) :]
-    assert current.name in kept
-    assert (foreign / "lib.js").read_text() == "keep me"
-
-
 # -- it reads back only what this user wrote ----------------------------------------------------
 
 
@@ -240,8 +210,7 @@ def test_the_pool_memo_does_not_unpickle_what_others_wrote(tmp_path):
     root.mkdir()
     pool = zygote.Pool(memo=memo)
     try:
-        order = ["NPD001"]
-        steps = [("fixes", "{}")] + [("import", i) for i in order]
+        steps = [("fixes", "{}"), ("import", "NPD001")]
         planted = pool._memo_file(str(root), steps, {"model": "m"}, dict(os.environ))
         planted.write_bytes(pickle.dumps(Planted(marker)))
         memo_run(pool, root)
@@ -249,3 +218,21 @@ def test_the_pool_memo_does_not_unpickle_what_others_wrote(tmp_path):
         pool.close()
     assert not marker.exists(), "a memo entry written by someone else ran its code"
     assert pool.remembered == 0
+
+
+def test_the_pool_memo_answers_what_this_user_sealed(tmp_path):
+    from npudoctor.engine.check import LiveOutcome
+    from npudoctor.live import zygote
+    from npudoctor.target.privatestore import PrivateStore
+
+    memo, root = tmp_path / "memo", tmp_path / "tree"
+    root.mkdir()
+    pool = zygote.Pool(memo=memo)
+    try:
+        steps = [("fixes", "{}"), ("import", "NPD001")]
+        kept = pool._memo_file(str(root), steps, {"model": "m"}, dict(os.environ))
+        PrivateStore(memo).save(LiveOutcome(errors={"NPD001": "kept"}), kept.name)
+        assert memo_run(pool, root).outcome().errors == {"NPD001": "kept"}
+    finally:
+        pool.close()
+    assert pool.remembered == 1

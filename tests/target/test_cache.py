@@ -94,18 +94,37 @@ def test_advise_json_carries_the_cached_reports_unchanged(cli, release, monkeypa
 
 
 def test_old_generations_are_pruned(cli, release, static_cache):
-    """Each npudoctor version (or edit) answers in a directory of its own; a new one keeps only the
-    most recent few, so the cache does not grow with every upgrade."""
+    """Each npudoctor version (or edit) answers in a generation directory of its own; a new one
+    keeps only the most recent few of its own (their entries deleted, then the directory), and
+    leaves a folder it did not make alone, however old."""
     from npudoctor.target.resultcache import KEPT_GENERATIONS
 
+    def run() -> None:
+        json_report(cli, "--sglang-path", release("0.5.12"), "--config", DEEPSEEK, "--select", "NPD001")
+
+    run()
+    (current,) = {p.parent for p in entries(static_cache)}
+    entry_name = entries(static_cache)[0].name
+    old = []
     for index in range(KEPT_GENERATIONS + 2):
-        old = static_cache / "static" / f"old-{index}"
-        old.mkdir(parents=True)
-        os.utime(old, (1_000_000 + index, 1_000_000 + index))
-    json_report(cli, "--sglang-path", release("0.5.12"), "--config", DEEPSEEK, "--select", "NPD001")
+        generation = static_cache / "static" / f"{index:024x}"
+        generation.mkdir()
+        (generation / entry_name).write_bytes(b"an old answer")
+        os.utime(generation, (1_000_000 + index, 1_000_000 + index))
+        old.append(generation.name)
+    foreign = static_cache / "static" / "vendor"
+    foreign.mkdir()
+    (foreign / "lib.js").write_text("keep me")
+    os.utime(foreign, (1, 1))  # the oldest of all
+    for path in entries(static_cache):
+        if path.parent == current:
+            path.unlink()
+    current.rmdir()  # the next run starts a generation, as after an upgrade
+    run()
     kept = sorted(d.name for d in (static_cache / "static").iterdir())
-    assert len(kept) == KEPT_GENERATIONS
-    assert [k for k in kept if k.startswith("old-")] == [f"old-{i}" for i in range(3, KEPT_GENERATIONS + 2)]
+    assert [k for k in kept if k in old] == old[-(KEPT_GENERATIONS - 1) :]
+    assert current.name in kept
+    assert (foreign / "lib.js").read_text() == "keep me"
 
 
 def test_the_code_key_covers_the_catalog_records(monkeypatch):
