@@ -42,6 +42,7 @@ from pathlib import Path
 
 KEY_FILE = "npudoctor-key"
 KEY_BYTES = 32
+SEAL_BYTES = hashlib.sha256().digest_size
 MISS = object()  # what ``load`` returns when the store holds no trusted entry
 
 _ENTRY = re.compile(r"[0-9a-f]{64}\.pickle")
@@ -73,7 +74,7 @@ class PrivateStore:
                 if not _private(os.fstat(fd)):
                     return MISS
                 data = handle.read()
-            seal, payload = data[: hashlib.sha256().digest_size], data[hashlib.sha256().digest_size :]
+            seal, payload = data[:SEAL_BYTES], data[SEAL_BYTES:]
             if not hmac.compare_digest(seal, _seal(secret, place, payload)):
                 return MISS
             try:
@@ -120,7 +121,9 @@ class PrivateStore:
                     os.rmdir(name, dir_fd=parent)
 
     @contextlib.contextmanager
-    def _opened(self, folders: list[str] | tuple[str, ...], create: bool) -> Iterator[tuple[int, int, bool]]:
+    def _opened(
+        self, folders: list[str] | tuple[str, ...], create: bool
+    ) -> Iterator[tuple[bytes, int, bool]]:
         """(this user's key, the innermost folder's descriptor, whether a folder was made), each
         folder opened relative to the one before and never through a symlink; no folder is made
         where the key is not one to trust (``OSError``)."""
@@ -166,11 +169,11 @@ def _key(root: int, create: bool) -> bytes:
             return _new_key(root)
         raise
     with open(fd, "rb") as handle:
-        info = os.fstat(fd)
-        secret = handle.read(KEY_BYTES + 1)
-    if not _private(info) or len(secret) != KEY_BYTES:
-        raise PermissionError(f"{KEY_FILE} is not a private file of {KEY_BYTES} bytes of this user")
-    return secret
+        if _private(os.fstat(fd)):
+            secret = handle.read(KEY_BYTES + 1)
+            if len(secret) == KEY_BYTES:
+                return secret
+    raise PermissionError(f"{KEY_FILE} is not a private file of {KEY_BYTES} bytes of this user")
 
 
 def _new_key(root: int) -> bytes:
