@@ -161,8 +161,7 @@ def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> Non
     console.print(f"recorded {', '.join(applied.fixes)} in {escape(str(applied.record))}", soft_wrap=True)
     if applied.dropped:
         dropped = ", ".join(f"{fix_id} ({why})" for fix_id, why in applied.dropped.items())
-        unselected = [fix_id for fix_id, why in applied.dropped.items() if why == "not selected"]
-        keep = f"; to keep {', '.join(unselected)} as well:" if applied.keep_command else ""
+        keep = f"; to keep {', '.join(applied.not_selected)} as well:" if applied.keep_command else ""
         console.print(f"no longer recorded: {dropped}{keep}", soft_wrap=True)
         if applied.keep_command:
             console.print(f"  {escape(applied.keep_command)}", soft_wrap=True)

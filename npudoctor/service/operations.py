@@ -155,6 +155,9 @@ def status(
     return RecordStatus(where / records.DIST_INFO, document, rows, fits, command)
 
 
+NOT_SELECTED = "not selected"  # why a recorded fix is dropped: --select left it out
+
+
 @dataclass(frozen=True)
 class Applied:
     """``fix --apply``: the fixes recorded (none: nothing to apply), those the record held before
@@ -164,8 +167,13 @@ class Applied:
     record: Path | None
     status_command: str
     undo_command: str
-    dropped: dict[str, str] = field(default_factory=dict)  # fix id -> why: "not selected", "not needed"...
+    dropped: dict[str, str] = field(default_factory=dict)  # fix id -> why: NOT_SELECTED, "not needed"...
     keep_command: str | None = None  # the --apply that also records the dropped fixes not selected
+
+    @property
+    def not_selected(self) -> list[str]:
+        """The dropped fixes this ``--apply`` did not select (``keep_command`` records them too)."""
+        return [fix_id for fix_id, why in self.dropped.items() if why == NOT_SELECTED]
 
     def to_json(self) -> dict:
         data = {"applied": self.fixes, "record": str(self.record), "dropped": self.dropped}
@@ -184,17 +192,18 @@ def apply(setting: FixSetting, planned: list[planning.Planned], unsafe: bool = F
     written = records.write(document, setting.site, setting.target) if fixes else None
     before = (written.replaced or {}).get("fixes", {}) if written else {}
     decided = {p.fix.id: p.decision.action.value for p in planned}
-    dropped = {fix_id: decided.get(fix_id, "not selected") for fix_id in sorted(set(before) - set(fixes))}
-    unselected = [fix_id for fix_id, why in dropped.items() if why == "not selected"]
+    dropped = {fix_id: decided.get(fix_id, NOT_SELECTED) for fix_id in sorted(set(before) - set(fixes))}
     user = setting.user_options()
-    return Applied(
+    applied = Applied(
         fixes,
         written.record if written else None,
         planning.hint("fix", "--status", user=user),
         planning.hint("fix", "--revert", user=user, deployment=False),
         dropped,
-        apply_hint(setting, unsafe, sorted([*fixes, *unselected])) if unselected else None,
     )
+    if not applied.not_selected:
+        return applied
+    return replace(applied, keep_command=apply_hint(setting, unsafe, sorted([*fixes, *applied.not_selected])))
 
 
 @dataclass(frozen=True)
