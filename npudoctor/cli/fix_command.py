@@ -31,13 +31,15 @@ EPILOG = (
     "deployment and the code is a shape the fix was written for. --apply records them beside "
     "the sglang they fix (the directory it is imported from; --site or $NPUDOCTOR_SITE to choose), "
     "where sglang 0.5.11+ loads them in every scheduler process; --status and --revert look there. "
+    "--apply replaces the record with what it selects now, and names each recorded fix it drops. "
     "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
     + DEPLOYMENT_HELP
     + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
     "the record no longer fits this sglang or deployment, or nothing is recorded and a fix is needed "
     "(the next command is printed); 2 usage or input error (unknown fix id, unwritable --site, "
-    "damaged record); 3 internal error; 4 no sglang found, or it has no Ascend NPU backend; 130 "
-    "interrupted (Ctrl-C)."
+    "damaged record, a record --revert cannot remove: it is left as it was, the record's lock held "
+    "by another fix for a minute); 3 internal error; 4 no sglang found, or it has no Ascend NPU "
+    "backend; 130 interrupted (Ctrl-C)."
 )
 
 
@@ -90,7 +92,7 @@ def fix(
     if status:
         _show_status(operations.status(setting, document, planned, unsafe), setting, unsafe, as_json)
     elif apply:
-        _show_applied(operations.apply(setting, planned), planned, setting, unsafe, as_json)
+        _show_applied(operations.apply(setting, planned, unsafe), planned, setting, unsafe, as_json)
     else:
         _show_plan(planned, as_json, verbose, operations.apply_hint(setting, unsafe))
 
@@ -142,7 +144,8 @@ def _show_plan(planned, as_json: bool, verbose: bool, apply_command: str) -> Non
 
 
 def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> None:
-    """``fix --apply``: what was recorded, and how to check and undo it."""
+    """``fix --apply``: what was recorded, what the record no longer holds (and the command that keeps
+    it), and how to check and undo it."""
     from npudoctor.formatters import fixplan
     from npudoctor.service.planning import plan_json
 
@@ -151,12 +154,17 @@ def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> Non
         _report(as_json, {"applied": [], "plan": plan_json(planned)}, f"nothing to apply: {decided}")
         return
     if as_json:
-        data = {"applied": applied.fixes, "record": str(applied.record), "plan": plan_json(planned)}
-        _report(True, data, "")
+        _report(True, {**applied.to_json(), "plan": plan_json(planned)}, "")
         return
     console = output.console()
     fixplan.print_plan(console, planned, False)
     console.print(f"recorded {', '.join(applied.fixes)} in {escape(str(applied.record))}", soft_wrap=True)
+    if applied.dropped:
+        dropped = ", ".join(f"{fix_id} ({why})" for fix_id, why in applied.dropped.items())
+        keep = f"; to keep {', '.join(applied.not_selected)} as well:" if applied.keep_command else ""
+        console.print(f"no longer recorded: {dropped}{keep}", soft_wrap=True)
+        if applied.keep_command:
+            console.print(f"  {escape(applied.keep_command)}", soft_wrap=True)
     _print_plugin_note(console, setting, unsafe)
     console.print(f"check it: {escape(applied.status_command)}", soft_wrap=True)
     console.print(f"undo it:  {escape(applied.undo_command)}", soft_wrap=True)

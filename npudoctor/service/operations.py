@@ -9,7 +9,7 @@ is ``npudoctor.patching.records``'. Like them, this module never imports sglang.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,7 +102,9 @@ def revert(site: Path | None, sglang_path: Path | None) -> Reverted:
 
 
 def recorded(setting: FixSetting) -> dict | None:
-    """The record ``--apply`` wrote for this setting, if any."""
+    """The record ``--apply`` wrote for this setting, if any (``fix --status``; what a ``fix``
+    killed half-way left beside it is removed first, when no other ``fix`` is writing)."""
+    records.tidy(setting.site, setting.target)
     return records.read(setting.site, setting.target)
 
 
@@ -153,30 +155,55 @@ def status(
     return RecordStatus(where / records.DIST_INFO, document, rows, fits, command)
 
 
+NOT_SELECTED = "not selected"  # why a recorded fix is dropped: --select left it out
+
+
 @dataclass(frozen=True)
 class Applied:
-    """``fix --apply``: the fixes recorded (none: nothing to apply) and the commands that check and
-    undo it."""
+    """``fix --apply``: the fixes recorded (none: nothing to apply), those the record held before
+    and no longer holds, and the commands that check and undo it."""
 
     fixes: list[str]
     record: Path | None
     status_command: str
     undo_command: str
+    dropped: dict[str, str] = field(default_factory=dict)  # fix id -> why: NOT_SELECTED, "not needed"...
+    keep_command: str | None = None  # the --apply that also records the dropped fixes not selected
+
+    @property
+    def not_selected(self) -> list[str]:
+        """The dropped fixes this ``--apply`` did not select (``keep_command`` records them too)."""
+        return [fix_id for fix_id, why in self.dropped.items() if why == NOT_SELECTED]
+
+    def to_json(self) -> dict:
+        data = {"applied": self.fixes, "record": str(self.record), "dropped": self.dropped}
+        return data if self.keep_command is None else {**data, "keep": self.keep_command}
 
 
-def apply(setting: FixSetting, planned: list[planning.Planned]) -> Applied:
+def apply(setting: FixSetting, planned: list[planning.Planned], unsafe: bool = False) -> Applied:
     """Record the fixes the plan accepts where sglang's processes find them; the commands that
-    check and undo it repeat the user's options."""
+    check and undo it repeat the user's options.
+
+    The record is the plan of this ``--apply``, so it replaces the fixes recorded before: those it
+    no longer holds are said (``dropped``), with the ``--apply`` that keeps the ones the user's
+    ``--select`` left out."""
     document = planning.record_document(planned, setting.target)
     fixes = sorted(document["fixes"])
-    path = records.write(document, setting.site, setting.target) if fixes else None
+    written = records.write(document, setting.site, setting.target) if fixes else None
+    before = (written.replaced or {}).get("fixes", {}) if written else {}
+    decided = {p.fix.id: p.decision.action.value for p in planned}
+    dropped = {fix_id: decided.get(fix_id, NOT_SELECTED) for fix_id in sorted(set(before) - set(fixes))}
     user = setting.user_options()
-    return Applied(
+    applied = Applied(
         fixes,
-        path,
+        written.record if written else None,
         planning.hint("fix", "--status", user=user),
         planning.hint("fix", "--revert", user=user, deployment=False),
+        dropped,
     )
+    if not applied.not_selected:
+        return applied
+    return replace(applied, keep_command=apply_hint(setting, unsafe, sorted([*fixes, *applied.not_selected])))
 
 
 @dataclass(frozen=True)
