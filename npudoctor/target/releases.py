@@ -184,7 +184,7 @@ def _ask_index() -> list[str]:
 
 
 def _keep_index(listing: Path, names: list[str]) -> None:
-    listing.parent.mkdir(parents=True, exist_ok=True)
+    os.makedirs(listing.parent, mode=0o755, exist_ok=True)
     staging = listing.with_suffix(f".{os.getpid()}.partial")
     staging.write_text(json.dumps(names) + "\n")
     staging.replace(listing)  # concurrent readers see the whole answer or none
@@ -344,10 +344,17 @@ def _walk_flaw(tree: Path, proof: dict) -> str | None:
     pending = [(tree, False, True)]
     while pending:
         folder, count, top = pending.pop()
-        with os.scandir(folder) as entries:
+        try:
+            entries = os.scandir(folder)
+        except FileNotFoundError:  # removed meanwhile: what it held is not counted, so the count tells
+            continue
+        with entries:
             for entry in entries:
                 path = Path(entry.path)
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # gone meanwhile (a live child's bytecode being replaced)
+                    continue
                 why = _writable_by_others(path, st)
                 if stat.S_ISDIR(st.st_mode):
                     if why is not None and not _tighten(path, st):
@@ -365,7 +372,8 @@ def _walk_flaw(tree: Path, proof: dict) -> str | None:
                 else:
                     return f"{path} is {'a symlink' if stat.S_ISLNK(st.st_mode) else 'no file or folder'}"
     if (files, size) != (proof.get("files"), proof.get("bytes")):
-        return f"{tree} changed since it was unpacked ({files} files, {size} bytes; unpacked: {proof.get('files')}, {proof.get('bytes')})"
+        unpacked = f"{proof.get('files')} files, {proof.get('bytes')} bytes"
+        return f"{tree} changed since it was unpacked ({files} files, {size} bytes; unpacked: {unpacked})"
     return None
 
 

@@ -469,3 +469,23 @@ def test_a_wheel_of_ours_others_could_write_is_downloaded_again(small, monkeypat
         releases.fetch("0.5.90", cache)
     assert str(loose) in str(error.value)
     assert not list(cache.glob("trees/*/sglang"))
+
+
+def test_bytecode_the_live_depth_writes_keeps_the_tree(small):
+    """Importing a tree writes ``__pycache__`` into it (under a umask like 002, a folder its group
+    may write): the tree stays the same one, that folder made private, not unpacked again."""
+    cache, wheels, make = small
+    make()
+    tree = releases.fetch("0.5.90", cache, wheels)
+    (tree / "left-here").write_text("gone if the tree is unpacked again\n")  # beside what is counted
+    previous = os.umask(0o002)
+    try:
+        # the bytecode an import writes, as the import writes it (the real __init__ needs all of sglang)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "sglang/srt"], cwd=tree, check=True)
+    finally:
+        os.umask(previous)
+    bytecode = tree / "sglang" / "srt" / "__pycache__"
+    assert bytecode.is_dir() and bytecode.stat().st_mode & 0o020
+    again = releases.fetch("0.5.90", cache, wheels)
+    assert again == tree and (again / "left-here").is_file()
+    assert owned_and_private(again) == []
