@@ -473,7 +473,7 @@ def _check_entry(info: zipfile.ZipInfo, wheel: Path) -> None:
         raise FetchError(f"{wheel}: {name} is encrypted: not unpacked")
     if info.compress_type not in _METHODS:
         raise FetchError(
-            f"{wheel}: {name}: compression method {info.compress_type} is not one zip readers know"
+            f"{wheel}: {name} uses compression method {info.compress_type}, which npudoctor cannot unpack"
         )
 
 

@@ -185,7 +185,7 @@ def _folder(directory: Path, source: Path) -> Path:
 
 BAD_WHEELS = {
     "encrypted": (_encrypted, "sglang/srt/secret.py is encrypted"),
-    "unknown-compression": (_unknown_compression, "sglang/srt/packed.py: compression method 97"),
+    "unknown-compression": (_unknown_compression, "sglang/srt/packed.py uses compression method 97"),
     "no-sglang-package": (_no_package, "holds no sglang/ package"),
     "symlink-entry": (_symlink_entry, "sglang/srt/passwd.py is a symlink"),
     "zip-bomb": (_bomb, "unpacks to more than 512 MiB"),
