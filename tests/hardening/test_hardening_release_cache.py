@@ -489,3 +489,17 @@ def test_bytecode_the_live_depth_writes_keeps_the_tree(small):
     again = releases.fetch("0.5.90", cache, wheels)
     assert again == tree and (again / "left-here").is_file()
     assert owned_and_private(again) == []
+
+
+def test_a_symlinked_trees_folder_is_refused(small, tmp_path):
+    """``<cache>/trees`` that is a symlink is not followed: whoever made it chose where the trees
+    are; the error names it (the cache is the user's to point elsewhere)."""
+    cache, wheels, make = small
+    make()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cache.mkdir()
+    (cache / "trees").symlink_to(elsewhere)
+    with pytest.raises(releases.FetchError, match="trees is a symlink"):
+        releases.fetch("0.5.90", cache, wheels)
+    assert list(elsewhere.iterdir()) == []
