@@ -106,8 +106,8 @@ def main() -> int:
     print("  " + target("static check / import torch, cold", cold / torch, 0.25))
     print("  " + target("static check / import torch, warm", warm / torch, 0.25))
     sweep = {
-        t.name: static_check.wall(static_check.check_command(t), runs, cold_cache=True)
-        for t in static_check.cached_trees()
+        version: static_check.wall(static_check.check_command(t), runs, cold_cache=True)
+        for version, t in static_check.cached_trees().items()
     }
     print(f"  sweep of {len(sweep)} cached releases as separate cold checks: total {sum(sweep.values()):.2f} s "
           f"({', '.join(f'{k} {v:.2f}' for k, v in sweep.items())})")  # fmt: skip

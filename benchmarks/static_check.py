@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-from fetch_sglang import cache_dir, fetch  # noqa: E402
+from fetch_sglang import cache_dir, cached, fetch  # noqa: E402, F401 (cache_dir: for bench.py)
 
 DEPLOYMENT = REPO / "examples" / "deepseek-v3-pd.yaml"
 # what a static check imports before it reads a file: the command line, the runner, every check
@@ -65,12 +65,9 @@ def check_command(tree: Path) -> list[str]:
     ]
 
 
-def cached_trees() -> list[Path]:
-    """Every complete release tree in the wheel cache, oldest first."""
-    return sorted(
-        (p for p in (cache_dir() / "trees").iterdir() if (p / ".complete").is_file()),
-        key=lambda p: tuple(int(x) if x.isdigit() else 0 for x in p.name.split(".")),
-    )
+def cached_trees() -> dict[str, Path]:
+    """Every release whose wheel is in the release cache -> its tree, oldest first."""
+    return cached()
 
 
 def main() -> int:
@@ -103,10 +100,10 @@ def main() -> int:
     trees = cached_trees()
     total = 0.0
     print(f"\nstatic sweep of {len(trees)} cached releases (median of {args.runs}):")
-    for release_tree in trees:
+    for version, release_tree in trees.items():
         seconds = wall(check_command(release_tree), args.runs)
         total += seconds
-        print(f"  {release_tree.name:>10}: {seconds:.3f} s")
+        print(f"  {version:>10}: {seconds:.3f} s")
     print(f"  total: {total:.3f} s")
     return 0
 

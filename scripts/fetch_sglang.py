@@ -5,9 +5,10 @@
 
 The release cache of ``npudoctor.target.releases`` (``npudoctor advise`` uses the same one): each
 release is downloaded with ``pip download --no-deps sglang==X`` into ``<cache>/wheels`` and
-its ``sglang/`` package unpacked into ``<cache>/trees/X/``, the layout ``npudoctor check
---sglang-path`` takes, so tests and demos pay for the download only once. The cache is
-``$NPUDOCTOR_SGLANG_CACHE``, else ``.cache/sglang`` in the repository. Stdlib only: it runs
+its ``sglang/`` package unpacked into ``<cache>/trees/X-<the wheel's sha256, 16 hex>/``, the
+layout ``npudoctor check --sglang-path`` takes, so tests and demos pay for the download only once;
+a tree is proven to be its wheel's, unchanged and private, each time it is handed out. The cache
+is ``$NPUDOCTOR_SGLANG_CACHE``, else ``.cache/sglang`` in the repository. Stdlib only: it runs
 before anything is installed (``npudoctor/target/releases.py`` is loaded from the checkout).
 """
 
@@ -27,19 +28,32 @@ _spec = importlib.util.spec_from_file_location(
 _releases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_releases)
 
-COMPLETE = _releases.COMPLETE
-
 
 def cache_dir() -> Path:
     return Path(os.environ.get("NPUDOCTOR_SGLANG_CACHE") or REPO / ".cache" / "sglang")
 
 
+# Trees handed out by this process: the tests ask for one release hundreds of times in a session,
+# and proving a tree walks all of it (0.5.23: ~6,400 entries, 50-400 ms on a busy machine).
+_FETCHED: dict[tuple[str, Path], Path] = {}
+
+
 def fetch(version: str, cache: Path | None = None) -> Path:
-    """The directory holding ``sglang/`` of release ``version``, downloading it if needed."""
-    try:
-        return _releases.fetch(version, cache or cache_dir())
-    except _releases.FetchError as error:
-        raise SystemExit(f"fetch_sglang: {error}") from None
+    """The directory holding ``sglang/`` of release ``version``, downloading it if needed; proven
+    the first time this process asks (``npudoctor advise`` proves it on every run)."""
+    key = (version, cache or cache_dir())
+    if key not in _FETCHED:
+        try:
+            _FETCHED[key] = _releases.fetch(version, key[1])
+        except _releases.FetchError as error:
+            raise SystemExit(f"fetch_sglang: {error}") from None
+    return _FETCHED[key]
+
+
+def cached(finals_only: bool = False) -> dict[str, Path]:
+    """Every release whose wheel is in the cache -> its tree (unpacked if it is not yet), oldest first."""
+    cache = cache_dir()
+    return {v: fetch(v, cache) for v in _releases.wheel_versions(cache / "wheels", finals_only)}
 
 
 def releases(since: str, cache: Path | None = None) -> list[str]:

@@ -20,6 +20,7 @@ differs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -36,13 +37,11 @@ TORCH_INDEX = re.compile(r"index -?\d+ is out of bounds")
 
 
 def release_trees() -> dict[str, Path]:
-    cache = Path(os.environ.get("NPUDOCTOR_SGLANG_CACHE", REPO / ".cache" / "sglang")) / "trees"
-    trees = {p.name: p for p in cache.iterdir() if (p / "sglang").is_dir()} if cache.is_dir() else {}
-    return dict(
-        sorted(
-            trees.items(), key=lambda item: [int(x) if x.isdigit() else x for x in re.split(r"[.+]", item[0])]
-        )
-    )
+    """Every release whose wheel is in the release cache -> its tree (``scripts/fetch_sglang.py``)."""
+    spec = importlib.util.spec_from_file_location("fetch_sglang", REPO / "scripts" / "fetch_sglang.py")
+    fetch_sglang = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch_sglang)
+    return fetch_sglang.cached()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from npudoctor.static.source import SourceTree
 from npudoctor.target.serverargs import history_document, history_path, read_table
 
 REPO = Path(__file__).resolve().parent.parent
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
 def _fetch_module():
@@ -46,13 +44,7 @@ def release_trees(versions: list[str]) -> dict[str, Path]:
     fetch = _fetch_module()
     if versions:
         return {v: fetch.fetch(v) for v in sorted(versions, key=_key)}
-    trees = fetch.cache_dir() / "trees"
-    found = (
-        [p.name for p in trees.iterdir() if _VERSION.match(p.name) and (p / fetch.COMPLETE).is_file()]
-        if trees.is_dir()
-        else []
-    )
-    return {v: trees / v for v in sorted(found, key=_key)}
+    return fetch.cached(finals_only=True)
 
 
 def build(versions: list[str]) -> dict:

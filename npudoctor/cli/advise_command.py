@@ -29,8 +29,11 @@ EPILOG = (
     "newest; --releases 0.5.9..0.5.23 (or A.., A,B,C) a range of the index; --wheel-dir DIR the "
     "wheels in DIR, offline (with --releases: those of them in the range); --sglang-path (repeatable) "
     "trees of your own, checked first. Wheels are fetched once with `pip download --no-deps` into "
-    "$NPUDOCTOR_SGLANG_CACHE (default ~/.cache/npudoctor/sglang); a release that cannot be had is a "
-    "row saying why.\n\n" + DEPLOYMENT_HELP + "\n\n"
+    "$NPUDOCTOR_SGLANG_CACHE (default ~/.cache/npudoctor/sglang, a folder only you can write) and "
+    "unpacked there, each tree proven to be its wheel's on every run; a release that cannot be had "
+    "(or whose wheel is not that release, or cannot be unpacked safely) is a row saying why.\n\n"
+    + DEPLOYMENT_HELP
+    + "\n\n"
     "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
     "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
     "checked (or no sglang to start from); 130 interrupted (Ctrl-C)."

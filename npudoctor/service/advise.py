@@ -13,7 +13,8 @@ and answers from the matrix:
 
 Releases come from the release cache (``npudoctor.target.releases``), fetched as wheels with ``pip
 download --no-deps`` or unpacked from ``--wheel-dir`` (offline); a release that cannot be had
-is a row saying why. Up to ``jobs`` releases are checked at once (one per core by default): at
+(its wheel missing, not that release, unsafe to unpack; the cache unwritable or not private) is a
+row saying why, never the end of the run. Up to ``jobs`` releases are checked at once (one per core by default): at
 the static depth in worker processes, at ``auto``/``live`` each with its own live child; the
 static-result cache (``npudoctor.target.resultcache``) makes a second run over the same releases cheap.
 """

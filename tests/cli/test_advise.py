@@ -138,8 +138,10 @@ def test_each_release_gets_the_report_check_gives(cli, release_cache, release):
 def test_a_release_that_cannot_be_had_is_a_row(cli, release, tmp_path, monkeypatch):
     """pip really fails (an index nobody answers): the release is a row saying why, the others are checked."""
     cache = tmp_path / "cache"
-    (cache / "trees").mkdir(parents=True)
-    (cache / "trees" / "0.5.12").symlink_to(release("0.5.12"))
+    (cache / "wheels").mkdir(parents=True)
+    release("0.5.12")
+    wheel = fetch_sglang._releases.find_wheel(fetch_sglang.cache_dir() / "wheels", "0.5.12")
+    os.link(wheel, cache / "wheels" / wheel.name)  # 0.5.12 is had from the cache, 0.5.13 is not
     shutil.copy(fetch_sglang.cache_dir() / "pypi-sglang.json", cache / "pypi-sglang.json")  # fresh copy
     monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(cache))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
@@ -172,7 +174,7 @@ def test_offline_wheel_dir(cli, release, tmp_path, monkeypatch):
     assert [row["release"] for row in data["releases"]] == ["0.5.12", "0.5.13"]
     assert [row["report"]["results"][0]["status"] for row in data["releases"]] == ["fail", "pass"]
     assert data["recommendation"]["earliest_clean"] == "0.5.13"
-    assert (tmp_path / "empty-cache" / "trees" / "0.5.13" / "sglang" / "srt").is_dir()
+    assert [p.name for p in (tmp_path / "empty-cache" / "trees").glob("0.5.13-*/sglang/srt")] == ["srt"]
     code, data, _ = advise_json(cli, "--select", "NPD006", "--wheel-dir", wheels, "--releases", "0.5.11")
     assert data["releases"][0]["error"] == "sglang 0.5.11 is not in --wheel-dir"
     assert code == 4  # the baseline could not be checked

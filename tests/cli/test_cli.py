@@ -307,11 +307,12 @@ def test_static_check_list_and_fix_plan_run_without_torch(release, tmp_path, com
         assert "NPD001" in done.stdout
 
 
-@pytest.mark.parametrize(("workspace", "prefix"), [("trees", "0.5.12/"), ("elsewhere", "")])
-def test_github_annotations_link_into_the_workspace(cli, release, tmp_path, monkeypatch, workspace, prefix):
+@pytest.mark.parametrize("workspace", ["trees", "elsewhere"])
+def test_github_annotations_link_into_the_workspace(cli, release, tmp_path, monkeypatch, workspace):
     """In a workflow whose workspace holds the checked tree, annotations name the file from the
     workspace root, so GitHub links it; a tree elsewhere keeps the sglang-relative path."""
     tree = release("0.5.12")
+    prefix = f"{tree.name}/" if workspace == "trees" else ""
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tree.parent if workspace == "trees" else tmp_path))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     code, out, _ = cli("check", "--sglang-path", tree, "--config", DEEPSEEK_PD, "--format", "github")
