@@ -8,7 +8,7 @@
 # Here: a Qwen3-30B-A3B PD decode server with the FIA kernels (ASCEND_USE_FIA=1), the case of
 # NPD002 (transfer item lengths) and, on the decode side, NPD001/NPD005 (retract offload).
 # Extra npudoctor options go first, e.g.:
-#   examples/launch-command.sh --sglang-path .cache/sglang/trees/0.5.9 --depth static
+#   examples/launch-command.sh --sglang-path "$(python scripts/fetch_sglang.py 0.5.9)" --depth static
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 exec npudoctor check "$@" -- \
