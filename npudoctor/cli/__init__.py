@@ -15,11 +15,11 @@ import sys
 from collections.abc import Iterator
 
 import typer
-from rich.console import Console
 
 from npudoctor.cli import output
 from npudoctor.cli.app import app
 from npudoctor.errors import ExitCode, NpudoctorError
+from npudoctor.terminal import TerminalConsole
 
 
 class Interrupted(BaseException):
@@ -65,7 +65,7 @@ def _main(argv: list[str] | None) -> int:
             return int(ExitCode.USAGE)
         # anything else is our bug: say so, with a way to see it
         if os.environ.get("NPUDOCTOR_DEBUG"):
-            Console(stderr=True, highlight=False).print_exception()
+            TerminalConsole(stderr=True, highlight=False).print_exception()
         output.say(f"internal error: {type(error).__name__}: {error} (NPUDOCTOR_DEBUG=1 shows the traceback)")
         return int(ExitCode.INTERNAL)
     return int(code) if isinstance(code, int) else int(ExitCode.OK)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from npudoctor.cli.options import Depth, FailOn, ids
+from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class DeploymentOptions:
         """The server arguments ``--model-path``'s flags give (``--disaggregation-mode`` ...), after
         the words after ``--`` are known to be a launch command, not a misplaced option."""
         if self.launch_command and self.launch_command[0].startswith("-"):
-            raise InputError(f"unknown option {self.launch_command[0]!r} (a launch command goes after '--')")
+            shown = redact_argv(self.launch_command[:1])[0]  # `--api-key=X` before the `--`
+            raise InputError(f"unknown option {shown!r} (a launch command goes after '--')")
         return {
             key: value
             for key, value in (

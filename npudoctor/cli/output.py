@@ -16,7 +16,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from npudoctor.deployment.redact import redact_value
 from npudoctor.errors import InputError
+from npudoctor.terminal import TerminalConsole, printable
 
 EXIT_BROKEN_PIPE = 141
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command SIGINT stopped
@@ -27,7 +29,7 @@ class ReaderGone(Exception):
     ``OSError`` with ``sys.exit(1)`` itself, and rich with ``SystemExit(1)``; ``main`` ends on this."""
 
 
-class _Stdout(Console):
+class _Stdout(TerminalConsole):
     """stdout as rich prints on it; a reader that went away is ``ReaderGone``."""
 
     def on_broken_pipe(self) -> None:
@@ -58,8 +60,11 @@ def write(text: str, output: Path | None = None) -> None:
 
 
 def say(message: str) -> None:
-    """One unwrapped line on stderr: what a CI log or a grep needs."""
-    sys.stderr.write(f"npudoctor: {' '.join(message.split())}\n")
+    """One unwrapped line on stderr: what a CI log or a grep needs. Every error and progress line
+    goes through here, and many quote what the user gave (a path, a flag's value): a URL's password
+    and a well-known token format are redacted (``redact_value``) and control characters escaped
+    (``printable``), whatever message a command built."""
+    sys.stderr.write(f"npudoctor: {printable(redact_value(' '.join(message.split())))}\n")
 
 
 def require_destination(output: Path | None, github: bool = False) -> None:

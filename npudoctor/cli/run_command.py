@@ -9,6 +9,7 @@ import typer
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth
+from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError
 
 EPILOG = (
@@ -44,7 +45,8 @@ def run(
 
     command = list(deployment.launch_command)
     if command and command[0].startswith("-"):
-        raise InputError(f"unknown option {command[0]!r} (the command goes after '--')")
+        shown = redact_argv(command[:1])[0]  # `--api-key=X` before the `--`
+        raise InputError(f"unknown option {shown!r} (the command goes after '--')")
     planning.resolve_command(command)  # 127/126 before any planning
     request = deployment.check_request(depth, select=select)
     facts = operations.run_deployment(request)

@@ -185,23 +185,33 @@ class Facts:
         return next((r for r in self.roles if r.disaggregation_mode == mode), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report form, the one way a deployment leaves npudoctor (every format, ``advise``):
+        secrets redacted (``npudoctor.deployment.redact``): environment by name, flags as written
+        by flag, and every other value (paths, server arguments, JSON inside them) as a value."""
         from npudoctor.deployment.redact import redact_argv, redact_data, redact_env
 
+        model = None
+        if self.model:
+            model = {**asdict(self.model), "attention": self.model.attention.value}
+            model.pop("hf_config")  # the model's own file; the facts above are what was read
         data: dict[str, Any] = {"source": self.source, "described": self.described}
         data["env_from_shell"] = list(self.env_from_shell)
-        data["model"] = asdict(self.model) if self.model else None
-        if self.model:
-            data["model"]["attention"] = self.model.attention.value
-            data["model"].pop("hf_config")  # the model's own file; the facts above are what was read
+        data["model"] = model
+        data = redact_data(data)  # paths: the model's, the YAML's
         data["roles"] = []
         for role in self.roles:
-            entry = asdict(role)
+            entry = {key: value for key, value in asdict(role).items() if key not in _REDACTED_APART}
+            entry = redact_data(entry)  # the role's name, its backends (any text a user wrote)
             entry["env"] = redact_env(role.env)
             entry["server_args"] = redact_data(role.server_args)
             entry["unknown_args"] = redact_argv(role.unknown_args)
-            entry.pop("given")  # the raw names; server_args and unknown_args report them
             data["roles"].append(entry)
         return data
+
+
+# RoleFacts fields the report form redacts by their own rule (``given``: the raw names, which
+# server_args and unknown_args report)
+_REDACTED_APART = ("env", "server_args", "unknown_args", "given")
 
 
 NO_DEPLOYMENT = Facts(model=None, roles=(), source="none")

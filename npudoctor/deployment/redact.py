@@ -10,9 +10,13 @@ A *name* is secret when one of its words (split at ``_``, ``-``, ``.`` and camel
 a credential marker (``TOKEN``, ``KEY``, ``SECRET``, ``PASSWORD``, ...), except a few words
 that only look like one (``TOKENS``, ``TOKENIZER``, ``BYPASS``: ``max_prefill_tokens`` is a
 size, not a secret). Unknown compounds stay on the safe side: ``HFTOKEN`` is secret.
-A *value* is also scrubbed of the credential part of a URL (``https://user:***@host``) and of
-well-known token formats (Hugging Face, GitHub, AWS access key ids, OpenAI-style keys),
-whatever the name it came under.
+A *value* is also scrubbed of the credential parts of a URL (``https://user:***@host``, a query
+parameter with a secret name: ``?token=***``, ``X-Amz-Signature=***``), of well-known token formats
+(Hugging Face, GitHub, AWS access key ids, OpenAI-style keys), and of the secret keys of a JSON
+object or list it holds (sglang ``json.loads`` the values of ``--json-model-override-args``,
+``--hicache-storage-backend-extra-config`` and the like: the flag names no secret, a key inside
+does), whatever the name it came under. A path argument is a ``pathlib.Path`` by the time an error
+names it, which folds ``https://`` into ``https:/``: both are URLs here.
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ _BENIGN_WORDS = frozenset(
     }
 )
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# (a scheme starts where a run of scheme characters does: tried from every letter of a long word,
+# the search would take quadratic time)
 _URL_USERINFO = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]*):(?P<password>[^/\s@]+)@"
+    r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/{1,2})(?P<user>[^/\s:@]*):(?P<password>[^/\s@]+)@"
 )
+# a URL's query parameter (or a fragment's, as OAuth's implicit flow puts access_token there)
+_URL_PARAMETER = re.compile(r"(?P<lead>[?&#;])(?P<name>[^=&#;?\s/]+)=(?P<value>[^?&#;\s'\"]*)")
 _TOKEN_FORMATS = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})\b"
@@ -67,6 +75,8 @@ def redact_value(value: str) -> str:
     """``value`` with URL passwords, well-known token formats and secret fields of a JSON
     object inside it replaced by ``***``."""
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", value)
+    if "=" in text:
+        text = _URL_PARAMETER.sub(_parameter, text)
     text = _TOKEN_FORMATS.sub(REDACTED, text)
     stripped = text.strip()
     if stripped[:1] in ("{", "[") and len(stripped) < 1_000_000:
@@ -79,6 +89,14 @@ def redact_value(value: str) -> str:
             if cleaned != parsed:
                 return json.dumps(cleaned)
     return text
+
+
+def _parameter(match: re.Match[str]) -> str:
+    # the value ends where the URL does: punctuation after it ends the phrase ("?token=X: no such file")
+    value = match["value"].rstrip(":,.)")
+    if not value or not is_secret_name(match["name"]):
+        return match[0]
+    return f"{match['lead']}{match['name']}={REDACTED}{match['value'][len(value) :]}"
 
 
 def redact_data(data: Any, _depth: int = 0) -> Any:
@@ -104,32 +122,35 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 def redact_argv(words: list[str] | tuple[str, ...]) -> list[str]:
     """Command-line words with the values of secret flags (``--api-key X``, ``--api-key=X``)
-    and of secret ``NAME=value`` assignments replaced. A word may hold a flag and its values
+    and of secret ``NAME=value`` assignments replaced, and every other value redacted as a value
+    (a JSON object's secret keys, a URL's password). A word may hold a flag and its values
     (``"--api-key X"``, as a launch command's kept flags are recorded)."""
     out: list[str] = []
     secret_flag = False
     for word in words:
         text = str(word)
         if text.startswith("-"):
-            flag, sep, rest = text.partition("=")
-            head, space, _ = flag.partition(" ")
-            secret_flag = is_secret_name(head.lstrip("-"))
-            if secret_flag and sep and not space:
-                text = f"{flag}={REDACTED}"
-            elif secret_flag and space:
-                text = f"{head} {REDACTED}"
-            else:
-                text = redact_value(text)
-            out.append(text)
+            flag, *joined = _FLAG_END.split(text, maxsplit=1)
+            secret_flag = is_secret_name(flag.lstrip("-"))
+            if joined:  # the flag and its value(s) in one word
+                sep, value = joined
+                out.append(f"{flag}{sep}{REDACTED if secret_flag else redact_value(value)}")
+            else:  # a bare flag: its values are the words that follow
+                out.append(redact_value(text))
             continue
-        name, sep, _ = text.partition("=")
+        name, sep, value = text.partition("=")
         if secret_flag:
             out.append(REDACTED)
-        elif sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and is_secret_name(name):
-            out.append(f"{name}={REDACTED}")
+        elif sep and _ASSIGNED_NAME.fullmatch(name):
+            out.append(f"{name}={REDACTED if is_secret_name(name) else redact_value(value)}")
         else:
             out.append(redact_value(text))
     return out
+
+
+# where a flag word's flag ends and its value(s) begin: ``--x=1``, ``--x 1 2``
+_FLAG_END = re.compile(r"(=|\s)")
+_ASSIGNED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def redact_result(result: Result) -> Result:

@@ -26,6 +26,7 @@ from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
 from npudoctor.service.planning import UserOptions, hint
+from npudoctor.terminal import TerminalConsole
 
 FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
 _SHORT = {
@@ -49,7 +50,7 @@ def render(advice: Advice, format_name: str, tool_version: str) -> str:
     if format_name == "github":
         return render_github(advice)
     buffer = io.StringIO()
-    print_text(advice, Console(file=buffer, width=100, no_color=True, highlight=False))
+    print_text(advice, TerminalConsole(file=buffer, width=100, no_color=True, highlight=False))
     return buffer.getvalue()
 
 

@@ -23,8 +23,9 @@ from npudoctor.results import Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
-# Controls other than CR/LF (which are escaped) only garble the log; they are dropped.
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Controls other than CR/LF (which are escaped) only garble the log, or act on the terminal that
+# shows it (C1's CSI, U+009B, is ESC [ to an 8-bit terminal); they are dropped.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def escape_data(value: object) -> str:

@@ -17,8 +17,9 @@ import xml.etree.ElementTree as ET
 from npudoctor.results import Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
 
-# Everything outside the XML 1.0 ``Char`` production.
-_ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:
+# U+009B is ESC [ to an 8-bit terminal that shows the file).
+_ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\u007e\u00a0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def clean(text: object) -> str:

@@ -23,6 +23,7 @@ from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import Evidence, Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
+from npudoctor.terminal import TerminalConsole
 
 STYLE = {
     Status.PASS: "green",
@@ -39,7 +40,7 @@ INDENT = 2
 def render(report: Report, verbose: bool = False, user: UserOptions | None = None, width: int = WIDTH) -> str:
     """Plain text (no colour) for files and pipes."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
+    console = TerminalConsole(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
     print_whole(console, _parts(report, verbose, user))
     return buffer.getvalue()
 

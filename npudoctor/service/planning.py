@@ -11,7 +11,6 @@ import datetime as dt
 import enum
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from npudoctor.patching.planfile import BOOTSTRAP_DIR
 from npudoctor.results import Result, Status
 from npudoctor.service.evaluate import evaluate
 from npudoctor.target.discovery import Target
+from npudoctor.terminal import shell_join
 
 if TYPE_CHECKING:
     from npudoctor.results import Report
@@ -456,7 +456,8 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
     user's options that COMMAND takes (``user``; ``deployment=False``: only the target and
     ``--site``), the depth where it is not COMMAND's default, and last ``--`` and the launch
     command: an option after ``--`` would be a word of the launch command. Every word is quoted for a
-    POSIX shell (``shlex.join``)."""
+    shell (``npudoctor.terminal.shell_join``: as ``shlex.join`` quotes it, a value with a control
+    character as ``$'...'``)."""
     user = user or UserOptions()
     words = ["npudoctor", command, *own]
     if command in _TAKES_TARGET:
@@ -471,4 +472,4 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
         words += user.site
     if launch:
         words += ["--", *launch]
-    return shlex.join(words)
+    return shell_join(words)

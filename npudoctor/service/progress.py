@@ -17,6 +17,8 @@ import sys
 import time
 from typing import TextIO
 
+from npudoctor.terminal import printable
+
 
 class Progress:
     """Steps of one run on stderr; with ``enabled`` False (``--quiet``) it says nothing."""
@@ -36,13 +38,15 @@ class Progress:
     def __enter__(self) -> Progress:
         self._started = time.perf_counter()
         if self._enabled and self._terminal:
-            from rich.console import Console
             from rich.progress import Progress as Bar
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            console = Console(file=sys.stderr, highlight=False)
-            self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                            console=console, transient=True)  # fmt: skip
+            from npudoctor.terminal import TerminalConsole
+
+            console = TerminalConsole(file=sys.stderr, highlight=False)
+            # a step names a release's version, which its tree states: shown as written, no markup
+            self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                            TimeElapsedColumn(), console=console, transient=True)  # fmt: skip
             self._bar.__enter__()
             self._task = self._bar.add_task("", total=None)
         return self
@@ -60,7 +64,7 @@ class Progress:
             self._bar.update(self._task, description=text)
             return
         try:
-            sys.stderr.write(f"npudoctor: [{time.perf_counter() - self._started:.1f} s] {text}\n")
+            sys.stderr.write(f"npudoctor: [{time.perf_counter() - self._started:.1f} s] {printable(text)}\n")
             sys.stderr.flush()
         except (OSError, ValueError):  # stderr closed: the run goes on without its progress
             self._enabled = False

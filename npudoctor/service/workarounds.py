@@ -4,17 +4,17 @@ A record's remedy may name server arguments and environment variables that avoid
 (``--page-size 128``). The finding says it with the user's own input, so that it can be pasted:
 the launch command after ``--`` rewritten (the flag's value replaced where the command passes it,
 else added; the variables as ``NAME=value`` prefixes), or the YAML keys to set for each role the
-defect bites, or the flags. Every word is quoted for a POSIX shell.
+defect bites, or the flags. Every word is quoted for a shell (``npudoctor.terminal.shell_join``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Sequence
 
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.results import Result
+from npudoctor.terminal import shell_join
 
 
 def flag_of(name: str) -> str:
@@ -60,7 +60,7 @@ def workaround_text(
     """The workaround in the user's form: their launch command rewritten, the YAML keys per role,
     or the flags and variables."""
     if launch_command:
-        return "your launch command with it: " + shlex.join(
+        return "your launch command with it: " + shell_join(
             redact_argv(rewritten_command(launch_command, flags, env))
         )
     if config is not None:
@@ -78,7 +78,7 @@ def workaround_text(
     dropped = [flag_of(k) for k, v in flags.items() if v is False]
     said = []
     if env or words:
-        said.append("pass " + shlex.join([*(f"{k}={v}" for k, v in env.items()), *words]))
+        said.append("pass " + shell_join([*(f"{k}={v}" for k, v in env.items()), *words]))
     if dropped:
         said.append("do not pass " + ", ".join(dropped))
     return "; ".join(said)

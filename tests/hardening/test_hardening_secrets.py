@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from npudoctor.deployment.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+from npudoctor.terminal import printable, shell_join
 
 from support.repo import EXAMPLES
 
@@ -44,11 +46,23 @@ ARG_SECRETS = {"--api-key": "leak-server-api-key-11aa", "--admin-api-key": "leak
 # free text that ends up in every format: an ignore entry's reason
 REASON_SECRETS = ("leak-reason-password-33cc", "ghp_leakLeakLeakLeakLeakLeak0123456789")
 REASON = f"see https://ci-bot:{REASON_SECRETS[0]}@ci.example/issues/7 (token {REASON_SECRETS[1]})"
+# JSON-valued server arguments with a credential inside (sglang json.loads them): the flag is no
+# secret, a key inside is
+JSON_SECRETS = ("leak-json-api-key-44dd", "leak-json-s3-secret-55ee")
+JSON_FLAGS = (
+    "--json-model-override-args",
+    json.dumps({"api_key": JSON_SECRETS[0], "rope_scaling": {"factor": 2}}),
+    f"--hicache-storage-backend-extra-config={json.dumps({'secret_access_key': JSON_SECRETS[1], 'bucket': 'b'})}",
+)
+# a password in a URL given where npudoctor reads a path: the error line names the path
+URL_PASSWORD = "leak-url-hunter2-66ff"
 ALL_SECRETS = [
     *ENV_SECRETS.values(),
     *(v for _, v in VALUE_SECRETS.values()),
     *ARG_SECRETS.values(),
     *REASON_SECRETS,
+    *JSON_SECRETS,
+    URL_PASSWORD,
 ]
 
 
@@ -268,3 +282,202 @@ def test_redaction_primitives():
     assert redact_argv(["--api-key", "a", "b", "--tp", "2", "TOKEN=x", "--api-key=c", "--hf-token d"]) == [
         "--api-key", REDACTED, REDACTED, "--tp", "2", f"TOKEN={REDACTED}", f"--api-key={REDACTED}", f"--hf-token {REDACTED}",
     ]  # fmt: skip
+    # a value inside a flag word, a URL's query, a URL a path argument folded (https:/)
+    assert redact_argv(['--x {"api_key": "a", "n": 1}', '--y=["s", {"token": "b"}]', 'CFG={"password": "c"}']) == [
+        '--x {"api_key": "***", "n": 1}', '--y=["s", {"token": "***"}]', 'CFG={"password": "***"}',
+    ]  # fmt: skip
+    assert redact_value("s3://b/k?X-Amz-Credential=AK&X-Amz-Expires=60&X-Amz-Signature=ab") == (
+        f"s3://b/k?X-Amz-Credential={REDACTED}&X-Amz-Expires=60&X-Amz-Signature={REDACTED}"
+    )
+    assert redact_value("https://h/m?token=x: no such file") == f"https://h/m?token={REDACTED}: no such file"
+    assert redact_value("https://h/x?max_tokens=5") == "https://h/x?max_tokens=5"
+    assert redact_value("--model-path https:/u:p@h/m: not") == f"--model-path https:/u:{REDACTED}@h/m: not"
+
+
+def launch_command(*flags: str) -> list[str]:
+    return ["python", "-m", "sglang.launch_server", "--model-path", str(MODEL), *flags]
+
+
+def assert_json_flags_redacted(role: dict) -> None:
+    """The JSON-valued flags reached the report (their names, the JSON's shape, the keys that are no
+    secret), their secret keys as ``***``: in ``server_args`` and as the flags were written."""
+    override = {"api_key": REDACTED, "rope_scaling": {"factor": 2}}
+    extra = {"secret_access_key": REDACTED, "bucket": "b"}
+    assert json.loads(role["server_args"]["json_model_override_args"]) == override
+    assert json.loads(role["server_args"]["hicache_storage_backend_extra_config"]) == extra
+    written = {arg.partition(" ")[0].partition("=")[0]: arg for arg in role["unknown_args"]}
+    assert json.loads(written["--json-model-override-args"].partition(" ")[2]) == override
+    assert json.loads(written["--hicache-storage-backend-extra-config"].partition("=")[2]) == extra
+
+
+def test_json_valued_flags_are_redacted_in_every_format(cli, release, tmp_path, monkeypatch):
+    """A flag whose value is JSON (``--json-model-override-args``, a storage backend's extra config)
+    is reported with the secret keys inside redacted, in ``server_args`` and in the flags as written
+    (``unknown_args``), whatever the form: a launch command, ``--flag=JSON``, a YAML role's ``args``."""
+    tree = release("0.5.12")
+    report = every_format(
+        cli, tmp_path, monkeypatch, "--sglang-path", tree, "--", *launch_command(*JSON_FLAGS)
+    )
+    assert_json_flags_redacted(report["deployment"]["roles"][0])
+
+    config = tmp_path / "json-flags.yaml"
+    config.write_text(
+        json.dumps({"model": {"path": str(MODEL)}, "roles": {"server": {"args": list(JSON_FLAGS)}}})
+    )
+    report = every_format(cli, tmp_path, monkeypatch, "--sglang-path", tree, "--config", config)
+    assert_json_flags_redacted(report["deployment"]["roles"][0])
+
+
+ADVISE_FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
+
+
+def test_advise_reports_hold_no_secret(cli, release, tmp_path, monkeypatch):
+    """``advise`` (offline: a tree of one's own) reports each release as ``check`` does: no secret
+    from the deployment in any of its formats, nor in its step summary."""
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    command = launch_command(*JSON_FLAGS, "--api-key", ARG_SECRETS["--api-key"])
+    args = ("--sglang-path", release("0.5.12"), "--select", "NPD", "--depth", "static")
+    for fmt in ADVISE_FORMATS:
+        code, out, err = cli("advise", "--format", fmt, *args, "--", *command)
+        assert code in (0, 1), err
+        assert_clean(out, err)
+        if fmt == "json":
+            (row,) = json.loads(out)["releases"]
+            role = row["report"]["deployment"]["roles"][0]
+            assert_json_flags_redacted(role)
+            assert role["server_args"]["api_key"] == REDACTED
+    assert_clean(summary.read_bytes())
+
+
+# A URL with a password where npudoctor wants a local path: every command says the path is not
+# one, and none echoes the password.
+URL = f"https://user:{URL_PASSWORD}@models.example/m"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("check", "--model-path", URL), id="check"),
+        pytest.param(
+            ("check", "--", *launch_command("--model-path", URL)[:3], "--model-path", URL), id="command"
+        ),
+        pytest.param(("fix", "--model-path", URL), id="fix"),
+        pytest.param(("fix", "--apply", "--model-path", URL), id="fix-apply"),
+        pytest.param(("advise", "--depth", "static", "--model-path", URL), id="advise"),
+        pytest.param(("check", "--config", URL), id="config"),
+    ],
+)
+def test_error_lines_redact_url_passwords(cli, release, args):
+    command, rest = args[0], args[1:]
+    code, out, err = cli(command, "--sglang-path", release("0.5.12"), *rest)
+    assert code == 2, err
+    assert f"user:{REDACTED}@models.example" in err, err  # the path is named, its password is not
+    assert_clean(out, err)
+
+
+def test_run_error_line_redacts_url_passwords(cli, tmp_path):
+    code, out, err = cli("run", "--model-path", URL, "--", sys.executable, "-c", "pass")
+    assert code == 2 and f"user:{REDACTED}@models.example" in err, err
+    assert_clean(out, err)
+    code, out, err = cli("run", "--", f"https://user:{URL_PASSWORD}@example/x", "-V")
+    assert code == 127 and f"user:{REDACTED}@example" in err, err
+    assert_clean(out, err)
+
+
+# Terminal control sequences in the user's values: set the window title, clear the screen, a C1
+# CSI (what an 8-bit terminal reads as ESC [), rich markup that must print as written.
+HOSTILE = "a\x1b]0;pwned\x07b\x1b[2Jc\x9b31md[bold]e[/bold]"
+RAW_CONTROLS = ("\x1b", "\x07", "\x9b")
+
+
+def assert_no_raw_controls(*outputs: str) -> None:
+    for output in outputs:
+        raw = [c for c in RAW_CONTROLS if c in output]
+        assert not raw, f"raw {raw} in:\n{output[:3000]!r}"
+
+
+def test_terminal_controls_in_values_are_escaped_in_text_output(cli, release, tmp_path):
+    """Text for a terminal shows a control character of the user's value escaped (``\\x1b``), never
+    raw, and rich markup in a value as written: a YAML path, an environment value (``--env`` and the
+    YAML's), a server argument a check quotes, in ``check``, ``fix`` and ``advise``'s text, on stdout
+    and in ``--output``, and the error line on stderr. The other formats hold none raw either."""
+    tree = release("0.5.12")
+    config = tmp_path / f"deploy{HOSTILE.replace('/', '')}.yaml"
+    server_args = {"pp_size": 2, "disaggregation_transfer_backend": HOSTILE}
+    data = {
+        "model": {"path": str(MODEL)},
+        "env": {"ASCEND_USE_FIA": "1", "SGLANG_NOTE": HOSTILE},
+        "roles": {"prefill": {"server_args": server_args}, "decode": {}},
+    }
+    config.write_text(json.dumps(data))
+    flags = ("--model-path", MODEL, "--disaggregation-mode", "decode", "--env", f"HCCL_NOTE={HOSTILE}")
+    for args in (
+        ("check", "--sglang-path", tree, "--config", config, "--verbose"),
+        ("check", "--sglang-path", tree, *flags),
+        ("fix", "--sglang-path", tree, *flags),
+        ("advise", "--sglang-path", tree, "--depth", "static", *flags),
+    ):
+        code, out, err = cli(*args)
+        assert code in (0, 1), err
+        assert_no_raw_controls(out, err)
+        assert r"\x1b]0;pwned" in out and "[bold]e[/bold]" in out, out  # shown, escaped and as written
+        if args[0] == "check":
+            target = tmp_path / "report.txt"
+            code, out, err = cli(*args, "--output", target)
+            assert_no_raw_controls(out, err, target.read_text())
+            assert r"\x1b[2J" in target.read_text()
+            for fmt in ("json", "sarif", "junit", "github", "markdown"):
+                code, out, err = cli(*args, "--format", fmt)
+                assert code in (0, 1), err
+                assert_no_raw_controls(out, err)
+
+    code, out, err = cli("check", "--sglang-path", tree, "--model-path", tmp_path / HOSTILE)
+    assert code == 2 and "not a local model directory" in err, err
+    assert_no_raw_controls(out, err)
+    assert r"\x1b]0;pwned" in err and "[bold]e[/bold]" in err, err
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to read the pasted command")
+def test_a_command_to_paste_holds_the_value_with_its_controls(cli, release):
+    """The fix hint repeats the user's ``--env``: a value with control characters is quoted as
+    ``$'...'``, so the line shows none raw and, pasted into bash, passes the value as given."""
+    env = f"HCCL_NOTE={HOSTILE}"
+    code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--model-path", MODEL,
+                         "--disaggregation-mode", "decode", "--env", env)  # fmt: skip
+    assert code == 1, err
+    line = next(line for line in out.splitlines() if line.strip().startswith("fix: npudoctor fix"))
+    assert_no_raw_controls(line)
+    pasted = line.strip().removeprefix("fix: ")
+    words = (
+        subprocess.run(
+            ["bash", "-c", f'for word in {pasted}; do printf "%s\\0" "$word"; done'], capture_output=True
+        )
+        .stdout.decode("utf-8", "surrogateescape")
+        .split("\0")
+    )
+    assert env in words, words
+
+
+def test_redaction_and_escapes_take_linear_time():
+    """A long value (a 1 MB word in an environment value or an argument) is redacted and escaped in
+    well under a second: no pattern tries every position of a long run again."""
+    import time
+
+    for value in (
+        "a" * 1_000_000,
+        "?token=" + "a" * 1_000_000,
+        "https://" + "a:" * 500_000,
+        "\x1b" * 1_000_000,
+    ):
+        started = time.perf_counter()
+        redact_argv([f"--x={value}", value])
+        printable(value)
+        shell_join([value])
+        assert time.perf_counter() - started < 2.0, value[:20]
+
+
+def test_terminal_primitives():
+    assert printable("a\x1b]0;t\x07b\rc\x9bd\u202ee\tf\ng") == "a\\x1b]0;t\\x07b\\rc\\x9bd\\u202ee\tf\ng"
+    assert printable("[bold]plain[/bold] /path") == "[bold]plain[/bold] /path"
+    assert shell_join(["npudoctor", "it's", "A=x\x1b[2J"]) == "npudoctor 'it'\"'\"'s' $'A=x\\x1b[2J'"
