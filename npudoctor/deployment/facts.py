@@ -192,7 +192,9 @@ class Facts:
 
         model = None
         if self.model:
-            model = {**asdict(self.model), "attention": self.model.attention.value}
+            # not asdict(self.model): it copies every value of the model's config.json (a million
+            # fit in the file's size limit) only for the copy to be dropped below
+            model = {**asdict(replace(self.model, hf_config={})), "attention": self.model.attention.value}
             model.pop("hf_config")  # the model's own file; the facts above are what was read
         data: dict[str, Any] = {"source": self.source, "described": self.described}
         data["env_from_shell"] = list(self.env_from_shell)
@@ -344,7 +346,8 @@ def plain_data(value: Any, where: str) -> Any:
     """``value`` (server arguments) as the JSON data a report holds, or ``InputError`` naming what
     no launch command could pass: a YAML alias cycle, binary data, a set, a non-finite number, an
     integer out of 64-bit range, nesting deeper than any ServerArgs field. YAML dates become text
-    (sglang's parser would get them as text)."""
+    (sglang's parser would get them as text). The size is bounded where the deployment is read
+    (``npudoctor.deployment.limits``): a value shared by YAML aliases is converted once per place."""
     active: set[int] = set()
 
     def convert(item: Any, path: str, depth: int) -> Any:

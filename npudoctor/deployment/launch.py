@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from npudoctor.deployment.limits import check_words
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError
 
@@ -70,6 +71,7 @@ def parse_command(argv: list[str], parser: argparse.ArgumentParser | None = None
     """
     if not argv:
         raise InputError("empty launch command after '--'")
+    check_words(argv, "launch command")
     command = LaunchCommand()
     rest = _strip_env_prefix(list(argv), command.env)
     args = _server_arguments(rest)

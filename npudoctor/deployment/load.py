@@ -2,8 +2,9 @@
 
 Three inputs, one result: a YAML file (``--config``), a real launch command
 (``npudoctor check -- python -m sglang.launch_server ...``), or ``--model-path`` with a
-few flags. Files are read with ``yaml.safe_load`` / ``json.load`` only; nothing in a
-model directory is ever executed. Every error names the file and field.
+few flags. Files are read with PyYAML's safe loader and ``json`` only, within the sizes
+``npudoctor.deployment.limits`` sets; nothing in a model directory is ever executed. Every error
+names the file and field.
 
 One environment rule for the three: a role's environment is ``shell`` (the caller's variables
 that change sglang's code paths, ``shell_env()``; the CLI passes ``{}`` with ``--isolated``),
@@ -34,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from npudoctor.deployment import limits
 from npudoctor.deployment.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
 from npudoctor.deployment.ignores import Ignore, parse_yaml
 from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
@@ -99,6 +101,7 @@ def described(
 
 
 def _env_pairs(pairs) -> dict[str, str]:
+    limits.check_words(pairs, "--env")
     env = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -215,8 +218,9 @@ def model_from_config_file(path: Path) -> ModelFacts:
     if not path.is_file():
         raise InputError(f"{path}: no such model config file")
     try:
-        with open(path, encoding="utf-8-sig") as handle:
-            config = json.load(handle)
+        config = json.loads(
+            limits.read_bytes(path, limits.MAX_CONFIG_BYTES, "a model config").decode("utf-8-sig")
+        )
     except json.JSONDecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -255,8 +259,8 @@ def _load_yaml(path: Path) -> Any:
     if not path.is_file():
         raise InputError(f"{path}: no such deployment file")
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        text = limits.read_bytes(path, limits.MAX_YAML_BYTES, "a deployment file").decode("utf-8")
+        data = limits.load_yaml(text, str(path))  # safe_load, measured before anything is built
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,0 +1,283 @@
+"""Input limits: a deployment description of any size is read in bounded time and memory, or
+refused in one line (exit 2) that names the file, where in it, and the limit crossed.
+
+The inputs come from files anyone on a shared machine may have written: 2 KB of YAML anchors expand
+to 10**9 values (a "billion laughs") once something walks them, a chain of merge keys (``<<``) does
+the same inside PyYAML's constructor. The bombs run in a child capped at 2 GiB of address space and
+10 s, so a reader without limits fails the test instead of exhausting the machine.
+
+The figures below are the documented limits (README, "Input limits"); ``test_the_limits_are_the_
+documented_ones`` ties them to ``npudoctor.deployment.limits``."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import npudoctor
+from npudoctor.deployment import load
+from npudoctor.deployment.launch import parse_command
+from npudoctor.errors import InputError
+
+from support.repo import EXAMPLES
+from support.reports import without_progress
+
+# the npudoctor this test imports: a child runs the same code
+CODE = Path(npudoctor.__file__).resolve().parents[1]
+MEMORY = 2 * 1024**3  # a child's address space: a bomb that expands fails, it cannot eat the machine
+TIMEOUT = 10  # seconds
+# a refusal costs what starting npudoctor costs (~0.3 s; more on a busy CI machine), the reading
+# before it a few tens of milliseconds: a reader that expands a bomb takes minutes
+CHILD_SECONDS = 3.0
+
+MAX_YAML_BYTES = 64 * 1024
+MAX_NODES = 5_000
+MAX_TEXT_CHARS = 64 * 1024
+MAX_VALUE_CHARS = 16 * 1024
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+MODEL_DIR = EXAMPLES / "models" / "deepseek-v3"
+PROPERTY_DEPLOYMENTS = Path(__file__).resolve().parents[1] / "data" / "properties" / "deployments"
+SMALL_MODEL = "num_hidden_layers: 2, num_attention_heads: 2, hidden_size: 8"
+
+
+def laughs(levels: int = 9, fan: int = 10) -> str:
+    """A flow mapping of anchors, each a list of ``fan`` aliases of the one before: ``fan**levels``
+    values in ~60 bytes a level."""
+    parts = ["l0: &l0 [" + ", ".join(["lol"] * fan) + "]"]
+    parts += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fan) + "]" for i in range(1, levels)]
+    return "{" + ", ".join(parts) + "}"
+
+
+def merges(levels: int = 8, fan: int = 10) -> str:
+    """A flow mapping of anchors, each merging the one before ``fan`` times (``<<: [*m0, *m0, ...]``):
+    PyYAML's constructor copies the merged pairs, duplicates included, so the last holds ``fan**levels``."""
+    parts = ["m0: &m0 {" + ", ".join(f"k{i}: {i}" for i in range(fan)) + "}"]
+    parts += [f"m{i}: &m{i} {{<<: [" + ", ".join([f"*m{i - 1}"] * fan) + "]}" for i in range(1, levels)]
+    return "{" + ", ".join(parts) + "}"
+
+
+BOMBS = {
+    "aliases in roles.decode.server_args": f"roles: {{decode: {{server_args: {laughs()}}}}}",
+    "aliases in model.hf_config": f"model: {{hf_config: {{{SMALL_MODEL}, extra: {laughs()}}}}}",
+    "merge keys in roles.prefill.server_args": f"roles: {{prefill: {{server_args: {merges()}}}}}",
+    "merge keys in env": f"env: {merges()}",
+    "merge keys in ignore": f"ignore: [{merges()}]",
+}
+
+
+def npudoctor_child(
+    *args: str | Path, pythonpath: tuple[Path, ...] = ()
+) -> tuple[subprocess.CompletedProcess, float]:
+    """``npudoctor ARGS`` in a child capped at ``MEMORY`` and ``TIMEOUT``; its result and wall time."""
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (CODE, *pythonpath)))}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "npudoctor", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=environ,
+            cwd=CODE,
+            timeout=TIMEOUT,
+            preexec_fn=cap_memory,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"npudoctor {' '.join(map(str, args[:3]))} ... still running after {TIMEOUT} s")
+    return done, time.monotonic() - start
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = without_progress(done.stderr).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npudoctor: error:"), done.stderr[-2000:]
+    return lines[0]
+
+
+def refusal(call, *args) -> tuple[str, float]:
+    """The ``InputError`` message ``call(*args)`` raises, and how long it took."""
+    start = time.perf_counter()
+    with pytest.raises(InputError) as caught:
+        call(*args)
+    return str(caught.value), time.perf_counter() - start
+
+
+# -- the bombs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("place", BOMBS)
+def test_a_yaml_bomb_is_refused_in_one_line(tmp_path, release, place):
+    """2 KB of anchors or merge keys in any part of a deployment: ``check`` says which limit the
+    expansion crosses and where, before any of it is built (on a real release: the report would
+    walk what the checks did not)."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMBS[place] + "\n")
+    assert bomb.stat().st_size < 2048
+    tree = release("0.5.12")
+    done, seconds = npudoctor_child("check", "--depth", "static", "--sglang-path", tree, "--config", bomb)
+    line = one_error_line(done)
+    assert str(bomb) in line and f"more than {MAX_NODES} values" in line and "aliases expanded" in line, line
+    assert place.split(" in ")[1] in line, line  # where the expansion crossed the limit
+    assert seconds < CHILD_SECONDS, seconds
+
+
+def test_run_refuses_a_yaml_bomb_before_the_command_and_runs_it_with_a_fine_deployment(tmp_path, release):
+    """``run`` reads its deployment through the same loader: a bomb is refused and the command does
+    not start; a real deployment still starts it."""
+    tree = release("0.5.12")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMBS["aliases in roles.decode.server_args"] + "\n")
+    command = ("--", sys.executable, "-c", "print('up')")
+    done, seconds = npudoctor_child(
+        "run", "--depth", "static", "--config", bomb, *command, pythonpath=(tree,)
+    )
+    line = one_error_line(done)
+    assert done.stdout == "" and "roles.decode.server_args" in line, (done.stdout, line)
+    assert seconds < CHILD_SECONDS, seconds
+    fine = EXAMPLES / "deepseek-v3-pd.yaml"
+    done, _ = npudoctor_child("run", "--depth", "static", "--config", fine, *command, pythonpath=(tree,))
+    assert (done.returncode, done.stdout) == (0, "up\n"), done.stderr
+
+
+# -- the sizes, each just above its limit ------------------------------------------------------------
+
+
+def test_a_deployment_file_larger_than_the_limit_is_refused_unread(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("roles: {decode: {}}\n" + "#" * MAX_YAML_BYTES + "\n")
+    message, seconds = refusal(load.from_yaml, path)
+    assert str(path) in message and "64 KiB" in message, message
+    assert seconds < 0.1, seconds
+
+
+@pytest.mark.parametrize(
+    ("template", "where"),
+    [
+        ("roles: {{decode: {{server_args: {{x: {value}}}}}}}", "roles.decode.server_args.x"),
+        ("env: {{A: {value}}}", "env.A"),
+        ("model: {{hf_config: {{{model}, model_type: {value}}}}}", "model.hf_config.model_type"),
+        ("roles: {{decode: {{args: [--served-model-name, {value}]}}}}", "roles.decode.args[1]"),
+        ("ignore: [{{id: NPD001, until: 2999-01-01, reason: {value}}}]", "ignore[0].reason"),
+        # an int in base 60 (1:2:3): PyYAML's constructor is quadratic in its length
+        ("roles: {{decode: {{server_args: {{x: 1{sexagesimal}}}}}}}", "roles.decode.server_args.x"),
+    ],
+)
+def test_a_value_longer_than_the_limit_is_refused_with_its_key(tmp_path, template, where):
+    path = tmp_path / "long.yaml"
+    value = "a" * (MAX_VALUE_CHARS + 1)
+    path.write_text(
+        template.format(value=value, model=SMALL_MODEL, sexagesimal=":1" * (MAX_VALUE_CHARS // 2))
+    )
+    message, seconds = refusal(load.from_yaml, path)
+    assert f"{str(path)}: {where}:" in message and f"longer than {MAX_VALUE_CHARS}" in message, message
+    assert value not in message  # the value itself is not echoed
+    assert seconds < 0.5, seconds
+
+
+def test_a_document_with_more_values_than_the_limit_is_refused_as_it_is_read(tmp_path):
+    """No alias: a file just under the size limit that lists 30,000 values. PyYAML's parser costs
+    50 to 120 µs a value; the reading stops at the limit instead of at the end of the file."""
+    path = tmp_path / "many.yaml"
+    path.write_text("roles: {decode: {server_args: {x: [" + "0," * 30_000 + "]}}}\n")
+    assert path.stat().st_size < MAX_YAML_BYTES
+    message, seconds = refusal(load.from_yaml, path)
+    assert "roles.decode.server_args.x[" in message and f"more than {MAX_NODES} values" in message, message
+    assert seconds < 1.5, seconds
+
+
+def test_aliases_of_a_long_text_count_as_often_as_they_are_used(tmp_path):
+    path = tmp_path / "text.yaml"
+    text = "a" * MAX_VALUE_CHARS
+    path.write_text(
+        f"env: {{A: &t {text}}}\nroles: {{decode: {{server_args: {{x: [{', '.join(['*t'] * 20)}]}}}}}}\n"
+    )
+    message, _ = refusal(load.from_yaml, path)
+    assert "roles.decode.server_args.x[" in message and "more than 64 KiB of text" in message, message
+
+
+def test_a_model_config_larger_than_the_limit_is_refused_unread(tmp_path):
+    config = tmp_path / "config.json"
+    body = (MODEL_DIR / "config.json").read_text()
+    config.write_text(body + " " * (MAX_CONFIG_BYTES + 1 - len(body.encode())))
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("model: {config: config.json}\n")
+    message, seconds = refusal(load.from_yaml, deploy)
+    assert message.startswith(f"{config}: ") and "4 MiB" in message, message
+    assert seconds < 0.1, seconds
+    assert load.model_from_config_file(MODEL_DIR / "config.json").num_layers == 61
+
+
+def test_the_report_does_not_copy_the_model_config(tmp_path):
+    """A config.json within the limit may hold a million values (a per-module quantization table
+    grows so): the report's deployment section leaves the file out, and never copies it first."""
+    config = tmp_path / "config.json"
+    data = json.loads((MODEL_DIR / "config.json").read_text())
+    data["quantization_config"] = {"ignore": [0] * 1_000_000}
+    config.write_text(json.dumps(data, separators=(",", ":")))
+    assert config.stat().st_size < MAX_CONFIG_BYTES
+    facts = load.from_flags(config, {}, {}).facts
+    start = time.perf_counter()
+    report = facts.to_dict()
+    assert time.perf_counter() - start < 0.2
+    assert report["model"]["num_layers"] == 61 and "hf_config" not in report["model"]
+
+
+def test_a_launch_command_word_longer_than_the_limit_is_refused():
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "k" * (MAX_VALUE_CHARS + 1)]
+    message, _ = refusal(parse_command, argv)
+    assert message.startswith("launch command: word 5 ") and f"longer than {MAX_VALUE_CHARS}" in message
+    assert "kkkk" not in message  # a value is not echoed (it may be a secret)
+
+
+def test_a_launch_command_of_more_words_than_the_limit_is_refused():
+    argv = [f"A{i}=1" for i in range(MAX_NODES)] + ["python", "-m", "sglang.launch_server", "--pp-size", "2"]
+    message, seconds = refusal(parse_command, argv)
+    assert message.startswith(f"launch command: {MAX_NODES + 5} words, more than {MAX_NODES}"), message
+    assert seconds < 0.1, seconds
+
+
+def test_an_env_flag_longer_than_the_limit_is_refused(cli):
+    code, out, err = cli("check", "--model-path", MODEL_DIR, "--env", "A=" + "v" * MAX_VALUE_CHARS)
+    assert code == 2 and out == "", err
+    line = without_progress(err).strip()
+    assert line.startswith("npudoctor: error: --env: word 1 ") and "\n" not in line, err
+
+
+def test_the_limits_are_the_documented_ones():
+    from npudoctor.deployment import limits
+
+    assert (limits.MAX_YAML_BYTES, limits.MAX_NODES, limits.MAX_TEXT_CHARS) == (
+        MAX_YAML_BYTES,
+        MAX_NODES,
+        MAX_TEXT_CHARS,
+    )
+    assert (limits.MAX_VALUE_CHARS, limits.MAX_CONFIG_BYTES) == (MAX_VALUE_CHARS, MAX_CONFIG_BYTES)
+
+
+def test_real_deployments_are_far_below_the_limits():
+    """Every example deployment reads as before, and the largest of them is well inside each limit."""
+    from npudoctor.deployment import limits
+
+    deployments = sorted(EXAMPLES.glob("*.yaml")) + sorted(PROPERTY_DEPLOYMENTS.glob("*.yaml"))
+    assert len(deployments) > 10
+    for path in deployments:
+        load.from_yaml(path)
+        measured = limits.MeasuredLoader(path.read_text(), str(path))
+        measured.get_single_node()
+        assert measured.nodes < MAX_NODES // 30 and measured.chars < MAX_TEXT_CHARS // 30, (
+            path,
+            measured.nodes,
+        )
+        assert path.stat().st_size < MAX_YAML_BYTES // 30
