@@ -5,7 +5,9 @@ exit 3 (an internal error), never output a console cannot take.
 Inputs: the deployment YAML (structure and values, YAML-only constructs such as anchors, aliases
 and tags), the model's config.json (missing, mistyped, negative, zero, bool, huge values;
 ``text_config`` wrappers), launch command lines after ``--`` (env prefixes, launchers, flags,
-``=`` forms, quotes, unicode) and ignore entries (``--ignore`` specs and YAML ``ignore:`` lists).
+``=`` forms, quotes, unicode) and ignore entries (``--ignore`` specs and YAML ``ignore:`` lists);
+and for size and time, YAML made of anchors, aliases and merge keys at every place of a deployment
+(each example read within a time and memory bound, refused exactly when it crosses the input limits).
 
 Static depth only, on a real release. The tree is parsed once per module (``discover`` hands
 out one ``Target``, so its parsed files are reused): each example then costs what the checks
@@ -20,6 +22,8 @@ import datetime as dt
 import io
 import json
 import os
+import re
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -461,6 +465,136 @@ def test_fuzzed_model_path_flags(tree, env, flags, model, fmt):
         *[a for e in env for a in ("--env", e)],
     ]
     check(tree, fmt, *argv)
+
+
+# -- size and time: alias-heavy YAML at every place of a deployment -------------------------------
+
+# The documented input limits (README, "Input limits"; npudoctor.deployment.limits)
+MAX_YAML_BYTES, MAX_NODES, MAX_TEXT_CHARS, MAX_VALUE_CHARS = 64 * 1024, 5_000, 64 * 1024, 16 * 1024
+# Where a generated structure goes ({body}: a flow mapping or list of anchored values), and what
+# the body may be there
+ALIAS_PLACES = {
+    "roles.decode.server_args": ("roles: {{decode: {{server_args: {body}}}}}", "mapping"),
+    "roles.prefill.server_args.cuda_graph_bs": (
+        "roles: {{prefill: {{server_args: {{pp_size: 2, cuda_graph_bs: {body}}}}}}}",
+        "any",
+    ),
+    "roles.decode.args": ("roles: {{decode: {{args: {body}}}}}", "list"),
+    "roles.decode.env": ("roles: {{decode: {{env: {body}}}}}", "mapping"),
+    "roles": ("roles: {body}", "mapping"),
+    "env": ("env: {body}", "mapping"),
+    "model.hf_config": ("model: {{hf_config: {body}}}", "mapping"),
+    "model.hf_config.text_config": (
+        "model: {{hf_config: {{num_hidden_layers: 2, num_attention_heads: 2, hidden_size: 8, text_config: {body}}}}}",
+        "any",
+    ),
+    "model.hf_config.extra": (
+        "model: {{hf_config: {{num_hidden_layers: 2, num_attention_heads: 2, hidden_size: 8, extra: {body}}}}}",
+        "any",
+    ),
+    "ignore": ("ignore: {body}", "list"),
+    "ignore[0].reason": (
+        "roles: {{decode: {{}}}}\nignore: [{{id: NPD001, until: 2999-01-01, reason: {body}}}]",
+        "any",
+    ),
+    "top level": ("{body}", "mapping"),
+}
+# what the templates add to a body, at most
+PLACE_NODES, PLACE_CHARS = 20, 120
+
+
+@st.composite
+def alias_heavy_yaml(draw) -> tuple[str, int, int, int]:
+    """A deployment with, at one place, ``levels`` anchors each made of ``fan`` aliases of the one
+    before (a list, a mapping, or merge keys ``<<``), the first of ``fan`` copies of a leaf: its
+    YAML text, and the nodes and characters of text the body stands for with every alias replaced
+    by a copy of its anchor (a merged mapping counted as written: ``<<`` and the list of aliases)."""
+    template, container = ALIAS_PLACES[draw(st.sampled_from(sorted(ALIAS_PLACES)))]
+    kind = draw(st.sampled_from(["list", "mapping", "merge"]))
+    levels, fan = draw(st.integers(1, 10)), draw(st.integers(1, 12))
+    leaf = draw(
+        st.sampled_from(["1", "x", "'v'", "null", "2999-01-01", "--tp-size", "1:2:3"])
+        | st.integers(1, MAX_VALUE_CHARS + 2).map(lambda n: "t" * n)
+    )
+    leaf_chars = len(leaf) - 2 if leaf.startswith("'") else len(leaf)
+    keys = [f"k{i}" for i in range(fan)]
+
+    def collection(items: list[str], item: tuple[int, int]) -> tuple[str, int, int]:
+        nodes, chars = item
+        if kind == "list":
+            return "[" + ", ".join(items) + "]", 1 + fan * nodes, fan * chars
+        text = "{" + ", ".join(f"{k}: {v}" for k, v in zip(keys, items)) + "}"
+        return text, 1 + fan * (1 + nodes), sum(map(len, keys)) + fan * chars
+
+    text, nodes, chars = collection([leaf] * fan, (1, leaf_chars))
+    anchors = [(f"&a0 {text}", nodes, chars)]
+    for level in range(1, levels):
+        aliases = [f"*a{level - 1}"] * fan
+        if kind == "merge":  # {<<: [*a, *a]}: the mapping, the key <<, the list of aliases
+            text, nodes, chars = "{<<: [" + ", ".join(aliases) + "]}", 3 + fan * nodes, 2 + fan * chars
+        else:
+            text, nodes, chars = collection(aliases, (nodes, chars))
+        anchors.append((f"&a{level} {text}", nodes, chars))
+    if container == "list" or (container == "any" and draw(st.booleans())):
+        body = "[" + ", ".join(text for text, _, _ in anchors) + "]"
+        nodes, chars = 1 + sum(n for _, n, _ in anchors), sum(c for _, _, c in anchors)
+    else:
+        body = "{" + ", ".join(f"a{i}: {text}" for i, (text, _, _) in enumerate(anchors)) + "}"
+        nodes = 1 + sum(1 + n for _, n, _ in anchors)
+        chars = sum(len(f"a{i}") + c for i, (_, _, c) in enumerate(anchors))
+    return template.format(body=body), nodes, chars, leaf_chars
+
+
+@pytest.fixture(scope="module")
+def warm_tree(tree):
+    """The release with its files parsed and the checks loaded (by one check of a real deployment),
+    so an example's time is its own."""
+    invoke(
+        "check", "--depth", "static", "--sglang-path", tree, "--config", EXAMPLE_DIR / "deepseek-v3-pd.yaml"
+    )
+    return tree
+
+
+@pytest.mark.slow
+@FUZZ
+@given(generated=alias_heavy_yaml(), fmt=st.sampled_from(FORMATS))
+@example(
+    generated=("roles: {decode: {server_args: {a0: &a0 [x, x], a1: &a1 [*a0, *a0]}}}", 13, 10, 1), fmt="json"
+)
+def test_fuzzed_alias_heavy_yaml_in_bounded_time_and_memory(warm_tree, workdir, generated, fmt):
+    """Anchors of anchors, lists and mappings of aliases and chains of merge keys, at every place of
+    a deployment: a report, or exit 2 in one line, within 3 s and 200 MB more than the process held;
+    a document larger than the limits with its aliases expanded is refused by them within a second,
+    one below them is not."""
+    text, nodes, chars, leaf_chars = generated
+    path = write(workdir / "aliases.yaml", text)
+    before = _reset_peak_rss()
+    start = time.perf_counter()
+    code, _out, err = check(warm_tree, fmt, "--config", path)
+    seconds, grown = time.perf_counter() - start, _peak_rss() - before
+    refused_by_a_limit = code == 2 and "npudoctor reads" in err
+    event(f"exit {code}{', a limit' if refused_by_a_limit else ''}")
+    event(f"{'under 0.5' if seconds < 0.5 else 'under 1' if seconds < 1 else 'over 1'} s")
+    over = nodes > MAX_NODES or chars > MAX_TEXT_CHARS or leaf_chars > MAX_VALUE_CHARS
+    if over or len(text.encode()) > MAX_YAML_BYTES:
+        assert refused_by_a_limit, err
+        assert seconds < 1.0, seconds
+    elif nodes + PLACE_NODES <= MAX_NODES and chars + PLACE_CHARS <= MAX_TEXT_CHARS:
+        assert not refused_by_a_limit, err
+    assert seconds < 3.0, seconds
+    assert grown < 200 * 1024**2, grown
+
+
+def _reset_peak_rss() -> int:
+    """This process's resident size, after making it its peak (Linux: ``/proc/self/clear_refs``)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _peak_rss()
+
+
+def _peak_rss() -> int:
+    """The most memory this process has held resident since the last reset, in bytes."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
 
 
 def test_the_contract_catches_an_internal_error(tree, monkeypatch):
