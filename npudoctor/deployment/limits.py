@@ -43,6 +43,11 @@ MAX_NODES = 5_000
 # The characters of every YAML scalar with the aliases expanded: as much text as a file may hold,
 # so an alias cannot make a document larger than a file could be.
 MAX_TEXT_CHARS = MAX_YAML_BYTES
+# How deep YAML nodes nest (the document's top mapping is level 1): the items of
+# roles.decode.server_args.cuda_graph_bs are at level 6, a model config inline goes a level or two
+# further; 100 is far beyond both, and below the depth where PyYAML's recursive composer (three
+# Python frames a level, with this module's measure) would exhaust Python's stack.
+MAX_DEPTH = 100
 # One value (a YAML scalar, a launch-command word, an --env assignment). The longest values a
 # deployment holds are paths (PATH_MAX is 4096 on Linux) and JSON-valued server arguments
 # (--json-model-override-args): a few KB. PyYAML turns a 16 KiB base-60 integer into Python in
@@ -107,6 +112,11 @@ class MeasuredLoader(yaml.SafeLoader):
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         self._path.append(_step(parent, index))
         try:
+            if len(self._path) > MAX_DEPTH:
+                raise InputError(
+                    f"{self.where}: {self._key_path()}: nests deeper than {MAX_DEPTH} levels"
+                    " (the most npudoctor reads)"
+                )
             if self.check_event(yaml.AliasEvent):
                 node = super().compose_node(parent, index)
                 # an alias inside its own anchor (a cycle) counts once here; the loader refuses it

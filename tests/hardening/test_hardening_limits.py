@@ -42,6 +42,7 @@ MAX_NODES = 5_000
 MAX_TEXT_CHARS = 64 * 1024
 MAX_VALUE_CHARS = 16 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 100
 
 MODEL_DIR = EXAMPLES / "models" / "deepseek-v3"
 PROPERTY_DEPLOYMENTS = Path(__file__).resolve().parents[1] / "data" / "properties" / "deployments"
@@ -197,6 +198,19 @@ def test_a_document_with_more_values_than_the_limit_is_refused_as_it_is_read(tmp
     assert seconds < 1.5, seconds
 
 
+def test_a_document_nested_deeper_than_the_limit_is_refused_with_its_key(tmp_path):
+    """PyYAML composes recursively: a deep document is refused by the nesting limit, named, before
+    Python's stack runs out; one nested to the limit reads."""
+    path = tmp_path / "deep.yaml"
+    prefix = "model: {hf_config: {" + SMALL_MODEL + ", x: "  # x's value at level 4 (the top mapping: 1)
+    path.write_text(prefix + "[" * (MAX_DEPTH - 3) + "]" * (MAX_DEPTH - 3) + "}}\n")
+    load.from_yaml(path)
+    path.write_text(prefix + "[" * 400 + "]" * 400 + "}}\n")
+    message, _ = refusal(load.from_yaml, path)
+    assert f"{path}: model.hf_config.x" + "[0]" * (MAX_DEPTH - 3) + ":" in message, message
+    assert f"nests deeper than {MAX_DEPTH} levels" in message, message
+
+
 def test_aliases_of_a_long_text_count_as_often_as_they_are_used(tmp_path):
     path = tmp_path / "text.yaml"
     text = "a" * MAX_VALUE_CHARS
@@ -263,7 +277,11 @@ def test_the_limits_are_the_documented_ones():
         MAX_NODES,
         MAX_TEXT_CHARS,
     )
-    assert (limits.MAX_VALUE_CHARS, limits.MAX_CONFIG_BYTES) == (MAX_VALUE_CHARS, MAX_CONFIG_BYTES)
+    assert (limits.MAX_VALUE_CHARS, limits.MAX_CONFIG_BYTES, limits.MAX_DEPTH) == (
+        MAX_VALUE_CHARS,
+        MAX_CONFIG_BYTES,
+        MAX_DEPTH,
+    )
 
 
 def test_real_deployments_are_far_below_the_limits():
