@@ -9,8 +9,7 @@ its files may come from anyone on a shared machine, and three things make a smal
 - Merge keys (``<<: [*a, *a, ...]``) are expanded inside PyYAML's constructor, which copies the
   merged pairs, duplicates included: the same growth before ``safe_load`` even returns.
 - PyYAML's parser is pure Python (50 to 120 µs a node, ~2 µs a character of text on a busy
-  two-core machine), and its base-60 integers
-  (``1:2:3``) are converted in time quadratic in their length.
+  two-core machine), and it converts base-60 integers (``1:2:3``) in time quadratic in their length.
 
 So a YAML document is measured while PyYAML composes it, before any Python value is built: each
 node counts once where it is written and an alias counts the nodes and text of what it stands for
@@ -147,8 +146,8 @@ class MeasuredLoader(yaml.SafeLoader):
             )
         if self.chars > MAX_TEXT_CHARS:
             raise InputError(
-                f"{self.where}: {self._key_path()}: more than {_size(MAX_TEXT_CHARS)} of text with the"
-                " document's aliases expanded (the most npudoctor reads)"
+                f"{self.where}: {self._key_path()}: more than {MAX_TEXT_CHARS} characters of text with"
+                " the document's aliases expanded (the most npudoctor reads)"
             )
 
     def _key_path(self) -> str:
