@@ -6,8 +6,9 @@ its files may come from anyone on a shared machine, and three things make a smal
 - YAML anchors and aliases share one value between places; whatever walks the data afterwards
   (the report, its server arguments) walks every place, so 2 KB of anchors each listing the one
   before ten times stand for 10**9 values (a "billion laughs").
-- Merge keys (``<<: [*a, *a, ...]``) are expanded inside PyYAML's constructor, which copies the
-  merged pairs, duplicates included: the same growth before ``safe_load`` even returns.
+- Merge keys (``<<: [*a, *a, ...]``) are expanded inside PyYAML's constructor, which before
+  PyYAML 6.0.4 (``pyyaml>=6`` admits 6.0 to 6.0.3) copies the merged pairs, duplicates included:
+  the same growth before ``safe_load`` even returns.
 - PyYAML's parser is pure Python (50 to 120 µs a node, ~2 µs a character of text on a busy
   two-core machine), and it converts base-60 integers (``1:2:3``) in time quadratic in their length.
 
