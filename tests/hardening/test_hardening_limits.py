@@ -270,8 +270,11 @@ def test_a_launch_command_of_more_words_than_the_limit_is_refused():
     assert seconds < 0.1, seconds
 
 
-def test_an_env_flag_longer_than_the_limit_is_refused(cli):
-    code, out, err = cli("check", "--model-path", MODEL_DIR, "--env", "A=" + "v" * MAX_VALUE_CHARS)
+def test_an_env_flag_longer_than_the_limit_is_refused(cli, release):
+    tree = release("0.5.12")
+    code, out, err = cli(
+        "check", "--sglang-path", tree, "--model-path", MODEL_DIR, "--env", "A=" + "v" * MAX_VALUE_CHARS
+    )
     assert code == 2 and out == "", err
     line = without_progress(err).strip()
     assert line.startswith("npudoctor: error: --env: word 1 ") and "\n" not in line, err
