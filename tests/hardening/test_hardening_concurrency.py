@@ -21,6 +21,7 @@ import pytest
 import npudoctor
 from npudoctor.patching import records
 
+from support.filesystem import unwritable
 from support.repo import EXAMPLES
 from support.reports import without_progress
 
@@ -311,26 +312,6 @@ def test_apply_select_says_which_recorded_fixes_it_drops(cli, release, tmp_path)
 # -- a --revert that cannot finish --------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def unremovable_entries(directory: Path):
-    """``directory`` in which no entry can be removed or renamed: mode 0555, or for root (who writes
-    anywhere) the immutable attribute."""
-    if os.geteuid() != 0:
-        directory.chmod(0o555)
-        try:
-            yield
-        finally:
-            directory.chmod(0o755)
-        return
-    done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"root, and chattr +i does not work here: {done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(directory)], check=True)
-
-
 def test_revert_that_cannot_remove_the_record_leaves_it_whole(cli, release, site):
     status = [
         "fix",
@@ -343,7 +324,7 @@ def test_revert_that_cannot_remove_the_record_leaves_it_whole(cli, release, site
         site,
     ]
     before_files, before_status = intact(site), cli(*status)
-    with unremovable_entries(site):
+    with unwritable(site):
         code, out, err = cli("fix", "--revert", "--site", site)
         assert code == 2 and out == "", err
         assert intact(site) == before_files

@@ -25,6 +25,7 @@ import pytest
 
 from npudoctor.target import releases
 
+from support.filesystem import unwritable
 from support.repo import EXAMPLES, fetch_sglang
 from support.truths import truth_present
 
@@ -372,20 +373,8 @@ def _cache_is_a_file(cache: Path) -> contextlib.AbstractContextManager:
 @contextlib.contextmanager
 def _read_only(cache: Path):
     cache.mkdir()
-    if IS_ROOT:  # root writes through any mode: an immutable folder is read-only for root too
-        done = subprocess.run(["chattr", "+i", str(cache)], capture_output=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"chattr +i: {done.stderr.decode().strip()}")
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(cache)], check=True)
-    else:
-        cache.chmod(0o555)
-        try:
-            yield
-        finally:
-            cache.chmod(0o755)
+    with unwritable(cache):
+        yield
 
 
 CACHE_STATES = {
