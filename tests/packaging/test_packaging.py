@@ -10,19 +10,40 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import npudoctor.checks
 import npudoctor.fixes
 
-from support.repo import REPO
+from support.repo import REPO, source_copy
 
 
-def test_wheel_maps_checks_and_fixes_under_npudoctor(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
-        check=True,
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """npudoctor's wheel, built once from a copy of the source (``source_copy``: never in the
+    repository, where another build may be writing ``build/`` at the same moment)."""
+    base = tmp_path_factory.mktemp("wheel")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(base),
+            str(source_copy(base / "src")),
+        ],
         capture_output=True,
+        text=True,
     )
-    [wheel] = tmp_path.glob("npudoctor-*.whl")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [built] = base.glob("npudoctor-*.whl")
+    return built
+
+
+def test_wheel_maps_checks_and_fixes_under_npudoctor(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "npudoctor/checks/npd001_cpu_offload_roundtrip/__init__.py" in names
     # every file of every check folder ships (adding a check is adding a folder, nothing else)
@@ -43,16 +64,10 @@ def test_editable_install_maps_the_same_packages():
     assert done.returncode != 0
 
 
-def test_the_printed_install_command_names_files_of_the_installed_wheel(tmp_path):
+def test_the_printed_install_command_names_files_of_the_installed_wheel(wheel, tmp_path):
     """``npudoctor env`` (and the live depth, where it cannot run) print ``pip install -r
     requirements-live.txt -c constraints-live.txt``; from a wheel installed anywhere, both files exist
     where the command says, inside the installed package, with the repository's content."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path), str(REPO)],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = tmp_path.glob("npudoctor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"npudoctor/data/requirements-live.txt", "npudoctor/data/constraints-live.txt"} <= set(names)
     installed = tmp_path / "installed"

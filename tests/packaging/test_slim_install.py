@@ -9,14 +9,13 @@ declared dependencies.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import venv
 from pathlib import Path
 
 import pytest
 
-from support.repo import EXAMPLES, REPO
+from support.repo import EXAMPLES, source_copy
 
 pytestmark = pytest.mark.slow  # builds a venv and installs into it (~1 min)
 FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
@@ -26,10 +25,7 @@ FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 def slim(tmp_path_factory) -> Path:
     """The ``npudoctor`` executable of a venv holding npudoctor and its dependencies only."""
     base = tmp_path_factory.mktemp("slim")
-    source = base / "src"
-    shutil.copytree(
-        REPO, source, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
-    )
+    source = source_copy(base / "src")
     venv.create(base / "venv", with_pip=True)
     python = base / "venv" / "bin" / "python"
     done = subprocess.run(

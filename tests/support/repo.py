@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -12,3 +13,13 @@ EXAMPLES = REPO / "examples"
 _spec = importlib.util.spec_from_file_location("fetch_sglang", REPO / "scripts" / "fetch_sglang.py")
 fetch_sglang = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fetch_sglang)
+
+
+def source_copy(destination: Path) -> Path:
+    """A copy of the repository's source at ``destination``, to build or install from: a build in
+    the repository itself writes ``build/`` and ``*.egg-info`` there, which two tests (or xdist
+    workers) building at once would share. The venv, the release cache and git stay behind."""
+    shutil.copytree(
+        REPO, destination, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
+    )
+    return destination
