@@ -17,7 +17,7 @@ import sys
 import time
 from typing import TextIO
 
-from npudoctor.terminal import printable
+from npudoctor.terminal import TerminalConsole, printable
 
 
 class Progress:
@@ -40,8 +40,6 @@ class Progress:
         if self._enabled and self._terminal:
             from rich.progress import Progress as Bar
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            from npudoctor.terminal import TerminalConsole
 
             console = TerminalConsole(file=sys.stderr, highlight=False)
             # a step names a release's version, which its tree states: shown as written, no markup

@@ -102,6 +102,7 @@ def fetch(version: str, cache: Path, wheel_dir: Path | None = None) -> Path:
     must be this user's), else downloaded from the index; the tree of that wheel's bytes is reused
     when it proves intact (see the module docstring). ``FetchError`` for whatever goes wrong."""
     try:
+        _usable(cache)
         trees = _own_folder(cache, "trees")
         if wheel_dir is not None:
             wheel = find_wheel(wheel_dir, version)
@@ -222,9 +223,9 @@ def _private_where_it_is(cache: Path) -> None:
         )
 
 
-def _own_folder(cache: Path, name: str) -> Path:
-    """``<cache>/<name>`` (``trees``, ``wheels``), made if missing: a real folder, this user's
-    (or root's) alone, in a cache nobody else can rearrange."""
+def _usable(cache: Path) -> None:
+    """The cache folder, made if missing, in a place nobody else can rearrange; once per fetch,
+    before its ``trees`` and ``wheels`` (``_own_folder``)."""
     try:
         os.makedirs(cache, mode=0o755, exist_ok=True)
     except FileExistsError:
@@ -232,6 +233,11 @@ def _own_folder(cache: Path, name: str) -> Path:
     except OSError as error:
         raise FetchError(f"cannot write the release cache {cache}: {error.strerror}") from None
     _private_where_it_is(cache)
+
+
+def _own_folder(cache: Path, name: str) -> Path:
+    """``<cache>/<name>`` (``trees``, ``wheels``) of a ``_usable`` cache, made if missing: a real
+    folder, this user's (or root's) alone."""
     folder = cache / name
     try:
         os.mkdir(folder, 0o755)
