@@ -492,3 +492,169 @@ def test_a_symlinked_trees_folder_is_refused(small, tmp_path):
     with pytest.raises(releases.FetchError, match="trees is a symlink"):
         releases.fetch("0.5.90", cache, wheels)
     assert list(elsewhere.iterdir()) == []
+
+
+# -- a damaged wheel, however damaged, is its release's row ------------------------------------------
+#
+# These wheels are made here from nothing (a METADATA, ``sglang/__init__.py``, ``sglang/srt/``), a few
+# KB each: unpacking them needs no real release.
+
+PAYLOAD = b"".join(b"VALUE_%d = %d\n" % (i, i * i) for i in range(400))  # a few KB that compress
+
+
+def made_wheel(
+    directory: Path, version: str, extra: tuple[tuple[str, bytes, int], ...] = (), metadata_method: int = 8
+) -> Path:
+    """A wheel of sglang ``version``; ``extra``: (name, bytes, compression method) entries."""
+    directory.mkdir(parents=True, exist_ok=True)
+    wheel = directory / f"sglang-{version}-py3-none-any.whl"
+    metadata = f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n\n".encode() + PAYLOAD
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as out:
+        out.writestr(f"sglang-{version}.dist-info/METADATA", metadata, compress_type=metadata_method)
+        out.writestr("sglang/__init__.py", b"")
+        out.writestr("sglang/srt/__init__.py", b"")
+        for name, data, method in extra:
+            out.writestr(name, data, compress_type=method)
+    return wheel
+
+
+def damage_stream(wheel: Path, name: str, at: int = 0) -> None:
+    """Overwrite 8 bytes of entry ``name``'s compressed stream, ``at`` bytes into it (its sizes and
+    CRC as they were): 0xff first in a deflate stream is a block of the reserved type."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo(name)
+    data = bytearray(wheel.read_bytes())
+    extra = int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little")
+    start = info.header_offset + 30 + len(name.encode()) + extra + at
+    data[start : start + 8] = b"\xff" * 8
+    wheel.write_bytes(bytes(data))
+
+
+def _corrupt_deflate(directory: Path, version: str) -> Path:
+    wheel = made_wheel(directory, version, (("sglang/srt/broken.py", PAYLOAD, zipfile.ZIP_DEFLATED),))
+    damage_stream(wheel, "sglang/srt/broken.py")
+    return wheel
+
+
+def _corrupt_lzma(directory: Path, version: str) -> Path:
+    wheel = made_wheel(directory, version, (("sglang/srt/broken.py", PAYLOAD, zipfile.ZIP_LZMA),))
+    damage_stream(wheel, "sglang/srt/broken.py", at=9)  # after zipfile's LZMA header and properties
+    return wheel
+
+
+def _corrupt_metadata(directory: Path, version: str) -> Path:
+    wheel = made_wheel(directory, version)
+    damage_stream(wheel, f"sglang-{version}.dist-info/METADATA")
+    return wheel
+
+
+def _deep(directory: Path, version: str) -> Path:
+    return made_wheel(directory, version, (("sglang/srt/" + "d/" * 1200 + "deep.py", b"", 8),))
+
+
+def _long(directory: Path, version: str) -> Path:
+    """A 2,000-character path in 12 folders: each name within what a file system takes."""
+    return made_wheel(directory, version, (("sglang/srt/" + ("x" * 180 + "/") * 11 + "long.py", b"", 8),))
+
+
+DAMAGED_WHEELS = {  # kind: (builder, what the row says)
+    "corrupt-deflate": (_corrupt_deflate, "sglang/srt/broken.py: Error -3 while decompressing"),
+    "corrupt-lzma": (_corrupt_lzma, "sglang/srt/broken.py: Corrupt input data"),
+    "corrupt-metadata": (_corrupt_metadata, ".dist-info/METADATA: Error -3 while decompressing"),
+    "1200-folders-deep": (_deep, "deeper than"),
+    "2000-character-path": (_long, "longer than"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGED_WHEELS))
+def test_a_damaged_wheel_is_a_fetch_error(tmp_path, kind):
+    build, cause = DAMAGED_WHEELS[kind]
+    wheel = build(tmp_path / "wheels", "0.5.91")
+    with pytest.raises(releases.FetchError) as error:
+        releases.fetch("0.5.91", tmp_path / "cache", wheel.parent)
+    assert cause in str(error.value) and wheel.name in str(error.value), str(error.value)
+    assert not list((tmp_path / "cache").glob("trees/*/sglang")), "a damaged wheel left a tree"
+
+
+def test_damaged_wheels_are_rows_and_the_run_goes_on(release, tmp_path):
+    """One ``advise`` over a wheel folder holding each damaged wheel (one release each) and a real
+    release's tree as the baseline: every damaged release is a row naming its cause, the baseline is
+    checked (NPD006 fails on 0.5.12: exit 1)."""
+    wheels = tmp_path / "wheels"
+    expected = {}
+    for patch, kind in enumerate(sorted(DAMAGED_WHEELS), start=91):
+        build, cause = DAMAGED_WHEELS[kind]
+        expected[f"0.5.{patch}"] = (build(wheels, f"0.5.{patch}").name, cause)
+    code, data, err, _ = advise(tmp_path / "cache", "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
+    found = rows(data)
+    assert found[GENUINE]["report"] is not None, err
+    for version, (name, cause) in expected.items():
+        assert found[version]["report"] is None, version
+        assert cause in found[version]["error"] and name in found[version]["error"], found[version]
+    assert code == 1, err
+
+
+def test_mutated_wheels_are_unpacked_or_refused(tmp_path):
+    """Bytes of a small wheel overwritten at 300 places chosen by a fixed seed (headers, streams,
+    the central directory): each wheel is unpacked or refused with a FetchError, nothing else."""
+    import random
+
+    chooser = random.Random(33)
+    source = made_wheel(tmp_path / "source", "0.5.91", (("sglang/srt/lz.py", PAYLOAD, zipfile.ZIP_LZMA),))
+    original = source.read_bytes()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    unexpected = []
+    for attempt in range(300):
+        data = bytearray(original)
+        for _ in range(chooser.choice((1, 2, 4))):
+            data[chooser.randrange(len(data))] = chooser.randrange(256)
+        (wheels / source.name).write_bytes(bytes(data))
+        try:
+            releases.fetch("0.5.91", tmp_path / "cache", wheels)
+        except releases.FetchError:
+            pass
+        except Exception as error:  # noqa: BLE001 (what the test is looking for)
+            unexpected.append(f"{attempt}: {type(error).__name__}: {error}")
+    assert unexpected == []
+
+
+def central_directory_only(path: Path, entries: int) -> int:
+    """A zip whose central directory lists ``entries`` empty stored files (zip64 end records: more
+    than 65,535) and holds nothing else: what a reader parses before it reads any entry. Returns
+    the central directory's size."""
+    header = b"PK\x01\x02" + bytes(24) + (12).to_bytes(2, "little") + bytes(16)  # 12: the name's length
+    central = b"".join(header + b"sglang/%05x" % (i % 0xFFFFF) for i in range(entries))
+    zip64_end = (
+        b"PK\x06\x06"
+        + (44).to_bytes(8, "little")
+        + (45).to_bytes(2, "little") * 2
+        + bytes(8)
+        + entries.to_bytes(8, "little") * 2
+        + len(central).to_bytes(8, "little")
+        + bytes(8)  # the central directory starts the file
+    )
+    locator = b"PK\x06\x07" + bytes(4) + len(central).to_bytes(8, "little") + (1).to_bytes(4, "little")
+    end = b"PK\x05\x06" + bytes(4) + b"\xff\xff" * 2 + b"\xff\xff\xff\xff" * 2 + bytes(2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(central + zip64_end + locator + end)
+    return len(central)
+
+
+def test_too_many_entries_are_refused_before_the_directory_is_read(tmp_path):
+    """200,000 entries (the limit is 32,768): refused from the end record's count, before the central
+    directory (11.6 MB here) is read, let alone parsed into 200,000 entries (~90 MB)."""
+    import tracemalloc
+
+    wheel = tmp_path / "wheels" / "sglang-0.5.91-py3-none-any.whl"
+    size = central_directory_only(wheel, 200_000)
+    with zipfile.ZipFile(wheel) as archive:  # a zip a reader takes: the refusal is npudoctor's
+        assert len(archive.infolist()) == 200_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(releases.FetchError, match=r"more than 32768 entries \(200000\)"):
+            releases.fetch("0.5.91", tmp_path / "cache", wheel.parent)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 2, f"{peak >> 20} MiB at the peak: the central directory was read"
