@@ -23,10 +23,16 @@ A tree is handed out only when it proves, each time, to be the unpacked wheel at
   file another user could write is code that user chooses.
 
 A tree that fails is moved aside and unpacked again; one that cannot be replaced, a wheel that
-cannot be read, a cache folder that is a file, read-only or shared is a ``FetchError``: in
-``advise`` that release's row, never the whole run. Unpacking takes regular files and folders
-only, within a size and an entry count (a few hundred KB of zeros would otherwise unpack to
-gigabytes), from a wheel opened once: hashed and unpacked through the same descriptor.
+cannot be read (a damaged stream, a path too deep), a cache folder that is a file, read-only or
+shared is a ``FetchError``: in ``advise`` that release's row, never the whole run. Unpacking takes
+regular files and folders only, within a size and an entry count (a few hundred KB of zeros would
+otherwise unpack to gigabytes; the count is read from the zip's end record before its directory is
+parsed), from a wheel opened once: hashed and unpacked through the same descriptor.
+
+The release list (``INDEX_FILE``, the index's answer kept for a day) is read and written only in a
+cache proven private, like the trees: it is staged in a file made new (``O_EXCL``, never through a
+link) and renamed into place, and read only from a regular file of this user's (or root's) that is
+no link. A copy that is not one to trust, or not a list, is asked again.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -46,18 +53,32 @@ import tempfile
 import time
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+try:
+    import lzma
+except ImportError:  # a Python built without it: zipfile then refuses LZMA entries (RuntimeError)
+    lzma = None
+
 COMPLETE = ".complete"  # written last: the proof of what the tree holds (a tree without it is redone)
 INDEX_URL = "https://pypi.org/pypi/sglang/json"
+INDEX_FILE = "pypi-sglang.json"  # the index's answer, kept in the cache: the release names, a JSON list
 INDEX_MAX_AGE = 24 * 3600  # the cached index answer is asked again after a day: releases appear
+INDEX_MAX_BYTES = 1 << 20  # the kept list is ~2 KB (a hundred releases): a bigger file is no list of ours
 # Unpacking limits, over the entries unpacked (``sglang/`` and the METADATA). The biggest release
 # so far, 0.5.23, unpacks to 122 MB in 6,388 entries (its wheel, 39 MB; 0.5.18 was 78 MB in 4,525):
 # room for four times that.
 MAX_UNPACKED_BYTES = 512 << 20
 MAX_ENTRIES = 32_768
+# The central directory, read whole and parsed entry by entry before any limit above can be counted:
+# its end record's entry count and size are checked first. Real wheels take ~105 bytes an entry.
+MAX_CENTRAL_DIRECTORY_BYTES = MAX_ENTRIES * 256
+# An entry's path: sglang's deepest so far is 14 folders and its longest 189 characters.
+MAX_ENTRY_DEPTH = 64
+MAX_ENTRY_NAME = 1024
 # the compression methods Python's zipfile reads; a wheel is deflated or stored in practice
 _METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 _FINAL = re.compile(r"\d+(\.\d+)*")
@@ -66,6 +87,23 @@ _METADATA = re.compile(r"sglang-[^/]+\.dist-info/METADATA")
 _CHUNK = 1 << 20
 _BYTECODE = "__pycache__"
 _TRUSTED_OWNERS = {os.geteuid(), 0}  # root can write anything anyway
+# What zipfile's readers raise for a damaged wheel: a bad header or CRC (BadZipFile), a truncated
+# stream (EOFError), a corrupt deflate, LZMA or bzip2 stream (zlib.error, LZMAError, OSError), an
+# encrypted entry or a missing decompressor (RuntimeError, NotImplementedError), names that are not
+# text and offsets out of range (ValueError, OverflowError)
+_DAMAGE: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile,
+    EOFError,
+    zlib.error,
+    OSError,
+    RuntimeError,
+    NotImplementedError,
+    ValueError,
+    OverflowError,
+    *((lzma.LZMAError,) if lzma is not None else ()),
+)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # a new file, never a link's
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link's; a FIFO never blocks
 
 
 class FetchError(Exception):
@@ -134,38 +172,17 @@ def wheel_versions(wheels: Path, finals_only: bool = True) -> list[str]:
 
 def index_versions(cache: Path) -> tuple[list[str], str]:
     """Every final sglang release on PyPI (no pre-, post- or yanked releases), oldest first, and
-    a note when the answer is an older copy. The index's answer is kept in the cache and asked
-    again once it is a day old; without network the kept copy is used, and said so."""
-    listing = cache / "pypi-sglang.json"
-    age = time.time() - listing.stat().st_mtime if listing.is_file() else None
-    note = ""
-    names = None
-    if age is None or age > INDEX_MAX_AGE:
-        try:
-            names = _ask_index()
-        except (OSError, ValueError, KeyError) as error:
-            if age is None:
-                raise FetchError(f"cannot read the release list from {INDEX_URL}: {error}") from None
-            note = f"the release list is {age / 3600:.0f} h old: {INDEX_URL} could not be read ({error})"
-        else:
-            try:
-                _keep_index(listing, names)
-            except OSError as error:  # the answer is good for this run all the same
-                note = f"the release list could not be kept in {cache}: {error.strerror or error}"
-    if names is None:
-        names = json.loads(listing.read_text())
+    a note when the answer is an older copy or could not be kept. The index's answer is kept in the
+    cache and asked again once it is a day old; without network the kept copy is used, and said so."""
+    names, note = _index_names(cache, INDEX_MAX_AGE)
     return sorted((v for v in names if is_final(v)), key=version_key), note
 
 
 def published_releases(since: str, cache: Path) -> list[str]:
     """Every release from ``since`` to the newest, post-releases included (no pre-releases), in
-    PyPI order: what the catalog's release ranges are derived over (``scripts/catalog_ranges.py``)."""
-    names = (
-        json.loads((cache / "pypi-sglang.json").read_text()) if (cache / "pypi-sglang.json").is_file() else []
-    )
-    if not names:
-        index_versions(cache)
-        names = json.loads((cache / "pypi-sglang.json").read_text())
+    PyPI order: what the catalog's release ranges are derived over (``scripts/catalog_ranges.py``).
+    The kept list is used at any age: the ranges are derived over the releases the cache has seen."""
+    names, _ = _index_names(cache, max_age=None)
     found = sorted((v for v in names if _PUBLISHED.fullmatch(v)), key=release_key)
     return [v for v in found if release_key(v) >= release_key(since)]
 
@@ -176,19 +193,97 @@ def releases(since: str, cache: Path) -> list[str]:
     return [v for v in versions if version_key(v) >= version_key(since)]
 
 
+def _index_names(cache: Path, max_age: float | None) -> tuple[list[str], str]:
+    """The release names the index lists, from the copy kept in the cache when it is younger than
+    ``max_age`` (None: any age), else asked and kept; and a note for the user, or "".
+
+    The cache is proven private (``_usable``) before anything in it is read or written: in a
+    folder another user may write, the copy could be theirs and the staging file a link they
+    planted. A copy that is not one to trust (a link, not a regular file, not this user's or
+    root's, writable by others) or not a list of names is a miss: the index is asked again."""
+    try:
+        _usable(cache)
+    except FetchError as error:  # asked, neither read nor kept there
+        unusable: str | None = str(error)
+        kept, age, flaw = None, 0.0, None
+    else:
+        unusable = None
+        kept, age, flaw = _read_index(cache / INDEX_FILE)
+    if kept is not None and (max_age is None or age <= max_age):
+        return kept, ""
+    try:
+        names = _ask_index()
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        if kept is not None:
+            hours = f"{age / 3600:.0f} h"
+            return kept, f"the release list is {hours} old: {INDEX_URL} could not be read ({error})"
+        why = "".join(f"; {reason}" for reason in (unusable, flaw) if reason)
+        raise FetchError(f"cannot read the release list from {INDEX_URL}: {error}{why}") from None
+    if unusable is not None:
+        return names, f"the release list was not kept: {unusable}"
+    try:
+        _keep_index(cache, names)
+    except OSError as error:  # the answer is good for this run all the same
+        return names, f"the release list could not be kept in {cache}: {error.strerror or error}"
+    return names, ""
+
+
 def _ask_index() -> list[str]:
+    """The releases PyPI lists with a file that is not yanked; ``ValueError`` for an answer of
+    another shape, ``OSError`` (or ``HTTPException``, a broken answer) when there is none."""
     with urllib.request.urlopen(INDEX_URL, timeout=30) as answer:
         data = json.load(answer)
+    found = data.get("releases") if isinstance(data, dict) else None
+    if not isinstance(found, dict) or not all(isinstance(f, list) for f in found.values()):
+        raise ValueError("the answer has no release list")
     return sorted(
-        v for v, files in data["releases"].items() if files and not all(f.get("yanked") for f in files)
+        v
+        for v, files in found.items()
+        if files and not all(isinstance(f, dict) and f.get("yanked") for f in files)
     )
 
 
-def _keep_index(listing: Path, names: list[str]) -> None:
-    os.makedirs(listing.parent, mode=0o755, exist_ok=True)
-    staging = listing.with_suffix(f".{os.getpid()}.partial")
-    staging.write_text(json.dumps(names) + "\n")
-    staging.replace(listing)  # concurrent readers see the whole answer or none
+def _read_index(listing: Path) -> tuple[list[str] | None, float, str | None]:
+    """The release names kept at ``listing`` and their age in seconds; or None and why they are
+    not used (None: there is no copy). Opened without following a link or waiting on a FIFO."""
+    try:
+        fd = os.open(listing, _READ)
+    except FileNotFoundError:
+        return None, 0.0, None
+    except OSError as error:
+        what = "is a symlink" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})"
+        return None, 0.0, f"the kept copy {listing} {what}"
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, 0.0, f"the kept copy {listing} is not a regular file"
+        why = _writable_by_others(listing, st)
+        if why is not None:
+            return None, 0.0, f"the kept copy is not used: {why}"
+        data = handle.read(INDEX_MAX_BYTES + 1)
+    try:
+        names = json.loads(data) if len(data) <= INDEX_MAX_BYTES else None
+    except ValueError:  # not JSON, not UTF-8: damage (a full disk, an interrupted copy)
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        return None, 0.0, f"the kept copy {listing} is not a release list"
+    return names, time.time() - st.st_mtime, None
+
+
+def _keep_index(cache: Path, names: list[str]) -> None:
+    """Write the list to a staging file made new (``O_EXCL``: never one that was there, nor through
+    a link), then rename it over the kept one: a link there is replaced, never followed, and
+    concurrent readers see the whole answer or none."""
+    staging = cache / f"{INDEX_FILE}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+    fd = os.open(staging, _CREATE, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(names) + "\n")
+        os.replace(staging, cache / INDEX_FILE)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
 
 
 # -- trust: who could have written a path --------------------------------------------------------
@@ -386,7 +481,7 @@ def _walk_flaw(tree: Path, proof: dict) -> str | None:
 
 def _read_proof(tree: Path) -> dict | None:
     try:
-        fd = os.open(tree / COMPLETE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(tree / COMPLETE, _READ)
     except OSError:
         return None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -417,9 +512,10 @@ def _discard(tree: Path, flaw: str) -> None:
 
 
 def _unpack(handle: BinaryIO, wheel: Path, version: str, sha256: str, tree: Path) -> Path:
+    _directory_within_limits(handle, wheel)
     try:
         archive = zipfile.ZipFile(handle)
-    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+    except _DAMAGE as error:
         raise FetchError(f"cannot unpack {wheel}: {error}") from None
     with archive:
         members, metadata = _members(archive, wheel, version)
@@ -436,6 +532,32 @@ def _unpack(handle: BinaryIO, wheel: Path, version: str, sha256: str, tree: Path
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return tree
+
+
+def _directory_within_limits(handle: BinaryIO, wheel: Path) -> None:
+    """The entry count and the size of the central directory, as its end record declares them,
+    within the limits: ``zipfile.ZipFile`` reads the whole directory and makes an object of every
+    entry before its ``infolist`` can be counted (a million entries: seconds and a gigabyte). The
+    record is found by zipfile's own reader (``_EndRecData``, zip64 included; the standard library
+    has no public one), so the figures checked are the ones zipfile goes on to use. A record that
+    understates the count is caught by the size, and by the count after parsing (``_members``)."""
+    end_record = getattr(zipfile, "_EndRecData", None)
+    if end_record is None:  # a Python whose zipfile has it no more: the count after parsing holds
+        return
+    try:
+        end = end_record(handle)
+    except _DAMAGE as error:
+        raise FetchError(f"cannot unpack {wheel}: {error}") from None
+    if not end:  # no end record: not a zip, as ZipFile goes on to say
+        return
+    entries, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+    if entries > MAX_ENTRIES:
+        raise FetchError(f"{wheel} has more than {MAX_ENTRIES} entries ({entries}): not unpacked")
+    if size > MAX_CENTRAL_DIRECTORY_BYTES:
+        raise FetchError(
+            f"{wheel}'s list of entries takes more than {MAX_CENTRAL_DIRECTORY_BYTES >> 20} MiB "
+            f"({size >> 20} MiB): not unpacked"
+        )
 
 
 def _members(archive: zipfile.ZipFile, wheel: Path, version: str) -> tuple[list[zipfile.ZipInfo], str]:
@@ -470,8 +592,16 @@ def _members(archive: zipfile.ZipFile, wheel: Path, version: str) -> tuple[list[
 def _check_entry(info: zipfile.ZipInfo, wheel: Path) -> None:
     name = info.filename
     parts = name.rstrip("/").split("/")
+    if len(parts) > MAX_ENTRY_DEPTH:
+        raise FetchError(
+            f"{wheel}: {_shown(name)} is deeper than {MAX_ENTRY_DEPTH} folders ({len(parts)}): not unpacked"
+        )
+    if len(name) > MAX_ENTRY_NAME:
+        raise FetchError(
+            f"{wheel}: {_shown(name)} is longer than {MAX_ENTRY_NAME} characters ({len(name)}): not unpacked"
+        )
     if any(part in ("", ".", "..") for part in parts) or "\\" in name or "\0" in name:
-        raise FetchError(f"{wheel}: {name!r} is not a plain path: not unpacked")
+        raise FetchError(f"{wheel}: {_shown(name)!r} is not a plain path: not unpacked")
     kind = stat.S_IFMT(info.external_attr >> 16)
     if kind not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: a zip made without Unix modes
         what = "a symlink" if kind == stat.S_IFLNK else "no file or folder"
@@ -484,12 +614,17 @@ def _check_entry(info: zipfile.ZipInfo, wheel: Path) -> None:
         )
 
 
+def _shown(name: str) -> str:
+    """An entry's name for a message: its start and end when it is long."""
+    return name if len(name) <= 80 else f"{name[:40]}...{name[-30:]}"
+
+
 def _metadata_version(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path) -> str | None:
     """The ``Version:`` header of the wheel's METADATA (the headers end at the first empty line)."""
     try:
         with archive.open(info) as source:
             text = source.read(1 << 20).decode("utf-8", "replace")
-    except (zipfile.BadZipFile, NotImplementedError, RuntimeError, ValueError, EOFError, OSError) as error:
+    except _DAMAGE as error:
         raise FetchError(f"cannot unpack {wheel}: {info.filename}: {error}") from None
     for line in text.splitlines():
         if not line.strip():
@@ -507,40 +642,49 @@ def _extract(
     made: set[Path] = {staging}
     written = files = size = 0
 
-    def folder(path: Path) -> Path:
-        if path not in made:
-            folder(path.parent)
+    def folder(path: Path) -> None:
+        missing = []
+        while path not in made:
+            missing.append(path)
+            path = path.parent
+        for each in reversed(missing):  # a loop, not a recursion: as deep as an entry may be
             with contextlib.suppress(FileExistsError):
-                os.mkdir(path, 0o755)
-            made.add(path)
-        return path
+                os.mkdir(each, 0o755)
+            made.add(each)
 
     for info in members:
         target = staging / info.filename
-        if info.is_dir():
-            folder(target)
-            continue
-        folder(target.parent)
         before = written
         try:
-            with archive.open(info) as source, open(target, "xb", opener=_private_file) as out:
-                while chunk := source.read(_CHUNK):
+            folder(target if info.is_dir() else target.parent)
+            if info.is_dir():
+                continue
+            with open(target, "xb", opener=_private_file) as out:
+                for chunk in _chunks(archive, info, wheel):
                     written += len(chunk)
                     if written > MAX_UNPACKED_BYTES:
                         raise FetchError(
                             f"{wheel} unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB: not unpacked"
                         )
                     out.write(chunk)
-        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, ValueError, EOFError) as error:
-            raise FetchError(f"cannot unpack {wheel}: {info.filename}: {error}") from None
-        except OSError as error:
+        except OSError as error:  # writing: the wheel's damage is _chunks' FetchError
             raise FetchError(
-                f"cannot unpack {wheel} into {staging.parent}: {info.filename}: {error.strerror}"
+                f"cannot unpack {wheel} into {staging.parent}: {info.filename}: {error.strerror or error}"
             ) from None
         if _BYTECODE not in info.filename.split("/"):  # counted as the proof's walk counts
             files += 1
             size += written - before
     return files, size
+
+
+def _chunks(archive: zipfile.ZipFile, info: zipfile.ZipInfo, wheel: Path) -> Iterator[bytes]:
+    """The entry's bytes as they are decompressed; a ``FetchError`` for a damaged entry."""
+    try:
+        with archive.open(info) as source:
+            while chunk := source.read(_CHUNK):
+                yield chunk
+    except _DAMAGE as error:
+        raise FetchError(f"cannot unpack {wheel}: {info.filename}: {error}") from None
 
 
 def _private_file(path: str, flags: int) -> int:

@@ -619,10 +619,12 @@ def test_mutated_wheels_are_unpacked_or_refused(tmp_path):
     assert unexpected == []
 
 
-def central_directory_only(path: Path, entries: int) -> int:
+def central_directory_only(path: Path, entries: int, declared: int | None = None) -> int:
     """A zip whose central directory lists ``entries`` empty stored files (zip64 end records: more
-    than 65,535) and holds nothing else: what a reader parses before it reads any entry. Returns
-    the central directory's size."""
+    than 65,535) and holds nothing else: what a reader parses before it reads any entry; its end
+    record says there are ``declared`` (zipfile reads the directory to its end all the same).
+    Returns the central directory's size."""
+    declared = entries if declared is None else declared
     header = b"PK\x01\x02" + bytes(24) + (12).to_bytes(2, "little") + bytes(16)  # 12: the name's length
     central = b"".join(header + b"sglang/%05x" % (i % 0xFFFFF) for i in range(entries))
     zip64_end = (
@@ -630,7 +632,7 @@ def central_directory_only(path: Path, entries: int) -> int:
         + (44).to_bytes(8, "little")
         + (45).to_bytes(2, "little") * 2
         + bytes(8)
-        + entries.to_bytes(8, "little") * 2
+        + declared.to_bytes(8, "little") * 2
         + len(central).to_bytes(8, "little")
         + bytes(8)  # the central directory starts the file
     )
@@ -641,18 +643,27 @@ def central_directory_only(path: Path, entries: int) -> int:
     return len(central)
 
 
-def test_too_many_entries_are_refused_before_the_directory_is_read(tmp_path):
-    """200,000 entries (the limit is 32,768): refused from the end record's count, before the central
-    directory (11.6 MB here) is read, let alone parsed into 200,000 entries (~90 MB)."""
+ENTRY_COUNTS = {  # what the end record says of 200,000 entries: the refusal
+    "counted": (200_000, r"more than 32768 entries \(200000\)"),
+    "understated": (1_000, r"list of entries takes more than 8 MiB \(11 MiB\)"),
+}
+
+
+@pytest.mark.parametrize("count", sorted(ENTRY_COUNTS))
+def test_too_many_entries_are_refused_before_the_directory_is_read(tmp_path, count):
+    """200,000 entries (the limit is 32,768): refused from the end record (its count, or the
+    directory's size when the count understates it), before the central directory (11.6 MB here)
+    is read, let alone parsed into 200,000 entries (~90 MB)."""
     import tracemalloc
 
+    declared, refusal = ENTRY_COUNTS[count]
     wheel = tmp_path / "wheels" / "sglang-0.5.91-py3-none-any.whl"
-    size = central_directory_only(wheel, 200_000)
+    size = central_directory_only(wheel, 200_000, declared)
     with zipfile.ZipFile(wheel) as archive:  # a zip a reader takes: the refusal is npudoctor's
         assert len(archive.infolist()) == 200_000
     tracemalloc.start()
     try:
-        with pytest.raises(releases.FetchError, match=r"more than 32768 entries \(200000\)"):
+        with pytest.raises(releases.FetchError, match=refusal):
             releases.fetch("0.5.91", tmp_path / "cache", wheel.parent)
         _, peak = tracemalloc.get_traced_memory()
     finally:
