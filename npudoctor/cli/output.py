@@ -15,6 +15,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -82,6 +83,8 @@ def require_destination(
         require_stdout()
     else:
         _refuse_inputs(output, inputs)
+        while _prepared:  # an earlier command's in this process (a test's), never written
+            _prepared.popitem()[1].close()
         _prepared[str(output)] = _destination(output, "--output", probe=True)
     summary = os.environ.get("GITHUB_STEP_SUMMARY") if github else None
     if summary:
@@ -104,13 +107,20 @@ def require_stdout() -> None:
 _prepared: dict[str, _Destination] = {}
 
 
+@dataclass
 class _Destination:
     """Where a report goes: a regular file (or none yet) is written as a new file beside it and
-    renamed over it (``replace``); a FIFO that has a reader or a character device (/dev/null, a
-    terminal) is written as a stream (``stream``, held open from the check)."""
+    renamed over it (``replace``, given ``mode``); a FIFO that has a reader or a character device
+    (/dev/null, a terminal) is written as a stream (``stream``, held open from the check)."""
 
-    def __init__(self, replace: Path | None = None, stream: int | None = None, mode: int | None = None):
-        self.replace, self.stream, self.mode = replace, stream, mode
+    replace: Path | None = None
+    stream: int | None = None
+    mode: int | None = None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.stream)
 
     def write(self, text: str) -> None:
         if self.stream is not None:
@@ -132,21 +142,24 @@ def _destination(path: Path, option: str, probe: bool) -> _Destination:
     FIFO is opened without waiting for a reader: one nobody reads is refused, not waited on for
     ever. A block device, a socket, a directory are refused."""
     shown = f"{option} {path}"
-    target, mode, followed = _looked_up(path, shown)
-    if mode is None or stat.S_ISREG(mode):
+    target, status, followed = _looked_up(path, shown)
+    if status is None or stat.S_ISREG(status.st_mode):
         if probe:
             _probe_directory(target.parent, shown)
-        return _Destination(replace=target, mode=None if mode is None else stat.S_IMODE(mode))
+        # one's own file keeps its mode; another user's (a file planted to be written) is not copied
+        own = status is not None and status.st_uid == os.geteuid()
+        return _Destination(replace=target, mode=stat.S_IMODE(status.st_mode) if own else None)
+    mode = status.st_mode
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
         return _Destination(stream=_open_stream(path, shown, followed))
     raise InputError(
-        f"{shown}: {file_kind(mode)}: refused (a report goes to a regular file, a FIFO or a character device)"
+        f"{shown}: is {file_kind(mode)}: refused (a report goes to a regular file, a FIFO or a character device)"
     )
 
 
-def _looked_up(path: Path, shown: str) -> tuple[Path, int | None, bool]:
-    """(the path to write, its mode or None when there is no file yet, whether a link was followed),
-    once its folder is known to be one."""
+def _looked_up(path: Path, shown: str) -> tuple[Path, os.stat_result | None, bool]:
+    """(the path to write, its status or None when there is no file yet, whether a link was
+    followed), once its folder is known to be one."""
     try:
         parent_mode = os.stat(path.parent).st_mode
     except FileNotFoundError:
@@ -164,16 +177,17 @@ def _looked_up(path: Path, shown: str) -> tuple[Path, int | None, bool]:
     except (OSError, ValueError) as error:
         raise path_error(shown, error) from None
     if not stat.S_ISLNK(status.st_mode):
-        return path, status.st_mode, False
+        return path, status, False
     if status.st_uid not in (0, os.geteuid()):
         raise InputError(
             f"{shown}: a symbolic link owned by another user (uid {status.st_uid}): refused, "
             "npudoctor does not write where someone else's link points"
         )
+    target = Path(os.path.realpath(path))
     try:
-        return Path(os.path.realpath(path)), os.stat(path).st_mode, True
-    except FileNotFoundError:
-        raise InputError(f"{shown}: a symbolic link to nothing ({os.readlink(path)}): refused") from None
+        return target, os.stat(path), True
+    except FileNotFoundError:  # one's own link to a file not made yet: the file is made there
+        return target, None, True
     except (OSError, ValueError) as error:
         raise path_error(shown, error) from None
 
@@ -199,7 +213,7 @@ def _open_stream(path: Path, shown: str, followed: bool) -> int:
     except OSError as error:
         if error.errno == errno.ENXIO:
             raise InputError(
-                f"{shown}: a FIFO (named pipe) nobody reads: refused (npudoctor would wait for a reader)"
+                f"{shown}: is a FIFO (named pipe) nobody reads: refused (npudoctor would wait for a reader)"
             ) from None
         raise path_error(shown, error) from None
     mode = os.fstat(stream).st_mode
@@ -242,7 +256,9 @@ def _refuse_inputs(output: Path, inputs: Iterable[tuple[Path, str]]) -> None:
     for path, named in inputs:
         with contextlib.suppress(OSError, RuntimeError, ValueError):
             if path.is_dir() and resolved.is_relative_to(path.resolve()):
-                raise InputError(f"--output {output}: inside {named}: refused (it would change what was checked)")
+                raise InputError(
+                    f"--output {output}: inside {named}: refused (it would change what was checked)"
+                )
             if resolved == path.resolve() or (output.exists() and os.path.samefile(output, path)):
                 raise InputError(f"--output {output}: is {named}: refused (the report would overwrite it)")
 
@@ -253,15 +269,17 @@ def _require_summary(path: Path) -> None:
     regular file, or a character device (/dev/null) to discard it; a FIFO is refused (opening it
     would wait for a reader, or end the input of one that reads)."""
     shown = f"GITHUB_STEP_SUMMARY={path}"
-    target, mode, followed = _looked_up(path, shown)
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-        raise InputError(f"{shown}: {file_kind(mode)}: refused (a step summary is appended to a regular file)")
+    target, status, followed = _looked_up(path, shown)
+    if status is not None and not (stat.S_ISREG(status.st_mode) or stat.S_ISCHR(status.st_mode)):
+        raise InputError(
+            f"{shown}: is {file_kind(status.st_mode)}: refused (a step summary is appended to a regular file)"
+        )
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         os.close(os.open(target, flags | (0 if followed else os.O_NOFOLLOW), 0o666))
     except OSError as error:
         raise InputError(f"{shown}: cannot write ({error.strerror})") from None
-    if mode is None:
+    if status is None:
         with contextlib.suppress(OSError):
             target.unlink()
 

@@ -75,7 +75,7 @@ def read_bytes(path: Path, limit: int, what: str) -> bytes:
     mode = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(mode):
         os.close(descriptor)
-        raise InputError(f"{path}: {file_kind(mode)}, not a regular file: refused, not read as {what}")
+        raise InputError(f"{path}: is {file_kind(mode)}, not a regular file: refused, not read as {what}")
     with open(descriptor, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:

@@ -194,7 +194,15 @@ def test_an_env_name_with_equals_or_a_value_with_a_nul_exits_2_naming_it(cli, re
     elif form == "--env value":
         args = ["--model-path", QWEN_MODEL, "--env", f"{name}={secret}\0tail"]
     else:
-        args = ["--", f"{name}={secret}\0tail", "python", "-m", "sglang.launch_server", "--model-path", QWEN_MODEL]
+        args = [
+            "--",
+            f"{name}={secret}\0tail",
+            "python",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            QWEN_MODEL,
+        ]
     code, out, err = cli("check", "--sglang-path", release("0.5.12"), "-s", "NPD001", *args)
     assert code == 2 and out == "", err
     line = one_error_line(err)
@@ -274,7 +282,9 @@ def test_output_through_a_link_another_user_planted_is_refused(cli, release, tmp
     planted = shared / "report.json"
     planted.symlink_to(victim)
     os.lchown(planted, NOBODY, NOBODY)
-    code, out, err = cli("check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", planted)
+    code, out, err = cli(
+        "check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", planted
+    )
     assert code == 2 and "symbolic link" in one_error_line(err), err
     assert victim.read_text() == "precious\n"
 
@@ -284,7 +294,9 @@ def test_output_onto_a_hard_link_replaces_the_name_not_the_file(cli, release, tm
     victim.write_text("precious\n")
     report = tmp_path / "report.json"
     os.link(victim, report)
-    code, out, err = cli("check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", report)
+    code, out, err = cli(
+        "check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", report
+    )
     assert code == 1, err
     assert victim.read_text() == "precious\n"
     assert '"results"' in report.read_text()
@@ -294,7 +306,9 @@ def test_output_over_ones_own_file_keeps_its_mode(cli, release, tmp_path):
     report = tmp_path / "report.json"
     report.write_text("old\n")
     report.chmod(0o640)
-    code, _, err = cli("check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", report)
+    code, _, err = cli(
+        "check", "--sglang-path", release("0.5.12"), "-s", "NPD001", "-f", "json", "-o", report
+    )
     assert code == 1, err
     assert report.stat().st_mode & 0o777 == 0o640 and '"results"' in report.read_text()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name not in ("report.json", "npudoctor-cache")]
