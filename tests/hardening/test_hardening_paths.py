@@ -224,7 +224,16 @@ def test_output_onto_the_deployment_file_is_refused_and_leaves_it(cli, release, 
     os.link(deploy, link)  # the same file under another name
     code, _, err = cli("check", "--sglang-path", release("0.5.12"), "--config", deploy, "-o", link)
     assert code == 2 and "--config" in one_error_line(err), err
+    code, _, err = cli("advise", "--config", deploy, "-o", deploy)
+    assert code == 2 and "--config" in one_error_line(err), err
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((QWEN_MODEL / "config.json").read_text())
+    code, _, err = cli("check", "--sglang-path", release("0.5.12"), "--model-path", model, "-o",
+                       model / "config.json")  # fmt: skip
+    assert code == 2 and "model config" in one_error_line(err), err
     assert deploy.read_bytes() == before
+    assert (model / "config.json").read_text() == (QWEN_MODEL / "config.json").read_text()
 
 
 def test_output_into_the_checked_tree_is_refused_and_leaves_it(cli, release, overlay):
