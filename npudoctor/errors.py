@@ -7,6 +7,9 @@ internal error (exit 3).
 from __future__ import annotations
 
 import enum
+import errno
+import os
+import stat
 from typing import Any
 
 
@@ -46,3 +49,40 @@ def short_repr(value: Any, limit: int = 60) -> str:
     except (ValueError, RecursionError):
         text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# The words for an OSError's errno where the system's own (``strerror``) would mislead: ENOTDIR on
+# ``a/b/c`` means a folder on the way is a file, not that ``c`` should have been a directory.
+_REASONS = {
+    errno.ENOTDIR: "a component of the path is not a directory",
+}
+
+
+def path_error(shown: str, error: OSError | ValueError) -> InputError:
+    """One line (exit 2) for a path the user gave that the system refused: ``shown`` (the option
+    and the path as given) and why: a folder on the way the user cannot enter (EACCES), a name
+    longer than the file system takes (ENAMETOOLONG), a link loop (ELOOP), a NUL in the path
+    (``ValueError``). These are the user's to fix, not npudoctor's bugs (exit 3)."""
+    if isinstance(error, ValueError):
+        return InputError(f"{shown}: a path cannot hold a NUL character")
+    reason = _REASONS.get(error.errno) or (error.strerror or type(error).__name__).lower()
+    where = os.fsdecode(error.filename) if isinstance(error.filename, (str, bytes, os.PathLike)) else None
+    if where is not None and not shown.endswith(where):  # a folder inside it, a file it names
+        return InputError(f"{shown}: {where}: {reason}")
+    return InputError(f"{shown}: {reason}")
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, as a message names it ("a FIFO (named pipe)")."""
+    for test, kind in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"

@@ -96,7 +96,9 @@ def advise(
     from npudoctor.service.advise import AdviseRequest, exit_status
     from npudoctor.service.advise import advise as check_releases
 
-    output.require_destination(output_path, github=output_format is AdviseFormat.github)
+    output.require_destination(
+        output_path, github=output_format is AdviseFormat.github, inputs=deployment.inputs()
+    )
     request = AdviseRequest(
         check=deployment.check_request(
             depth, select=select, fail_on=fail_on, ignore=ignore, recorded_fixes=not no_recorded_fixes

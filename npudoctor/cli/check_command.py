@@ -72,7 +72,11 @@ def check(
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import run as run_checks
 
-    output.require_destination(output_path, github=output_format is Format.github)
+    output.require_destination(
+        output_path,
+        github=output_format is Format.github,
+        inputs=[*deployment.inputs(), *_checked_tree(sglang_path)],
+    )
     request = deployment.check_request(
         depth,
         select=select,
@@ -86,6 +90,18 @@ def check(
     format_name = output_format.value if output_format else "text"
     _emit(report, format_name, output_path, verbose, request.user_options())
     raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
+
+
+def _checked_tree(sglang_path: Path | None) -> list[tuple[Path, str]]:
+    """The sglang package directory this check reads, if it can be found now (else the check
+    itself says why it cannot): a report written into it would change the code it judged."""
+    from npudoctor.errors import NpudoctorError
+    from npudoctor.target.discovery import discover
+
+    try:
+        return [(discover(sglang_path).package_dir, "the checked sglang tree")]
+    except NpudoctorError:
+        return []
 
 
 # the formats that name commands: their fix hints repeat the user's options

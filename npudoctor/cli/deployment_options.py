@@ -103,6 +103,15 @@ class DeploymentOptions:
             if value is not None
         }
 
+    def inputs(self) -> list[tuple[Path, str]]:
+        """The files this description is read from, with the words that name them: a report is
+        never written over one (``output.require_destination``)."""
+        found = [(self.config, "the deployment file given with --config")] if self.config else []
+        if self.model_path is not None:
+            config = self.model_path if self.model_path.suffix == ".json" else self.model_path / "config.json"
+            found.append((config, "the model config --model-path reads"))
+        return found
+
     def check_request(
         self,
         depth: Depth,

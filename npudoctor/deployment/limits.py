@@ -23,13 +23,15 @@ echoed (it may be a secret).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from npudoctor.errors import InputError, short_repr
+from npudoctor.errors import InputError, file_kind, short_repr
 
 # A deployment YAML file, in bytes. The examples are at most 1.2 KB, and a real model's
 # config.json pasted in as hf_config adds 1.5 KB; 64 KiB is fifty times both, and PyYAML reads
@@ -65,8 +67,16 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_<>-]{1,40}")
 
 def read_bytes(path: Path, limit: int, what: str) -> bytes:
     """The bytes of the regular file ``path``, or ``InputError`` when it holds more than ``limit``
-    (read up to ``limit + 1``: a file that grows while it is read is bounded too)."""
-    with open(path, "rb") as handle:
+    (read up to ``limit + 1``: a file that grows while it is read is bounded too) or is no regular
+    file. It is opened without waiting (``O_NONBLOCK``: a FIFO would wait for a writer for ever) and
+    judged by what was opened, not by a look before (which a rename can outdate); an ``OSError``
+    (missing, denied, a link loop) is the caller's to word."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise InputError(f"{path}: is {file_kind(mode)}, not a regular file: refused, not read as {what}")
+    with open(descriptor, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"{path}: larger than {_size(limit)}, the most npudoctor reads of {what}")

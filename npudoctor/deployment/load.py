@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from npudoctor.deployment import limits
 from npudoctor.deployment.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
 from npudoctor.deployment.ignores import Ignore, parse_yaml
 from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, path_error, short_repr
 
 # Environment variables that change sglang's code paths on Ascend; read from the
 # caller's environment for every form of deployment (``shell_env``).
@@ -108,6 +109,27 @@ def _env_pairs(pairs) -> dict[str, str]:
         if not sep or not name:
             raise InputError(f"--env {pair!r}: expected NAME=VALUE")
         env[name] = value
+    return _environment(env, "--env")
+
+
+def _environment(env: dict[str, str], where: str) -> dict[str, str]:
+    """``env``, once every name and value is one an environment can carry: a name holds no ``=``
+    (the kernel's ``NAME=VALUE`` strings end a name at the first one) and neither holds a NUL
+    (which ends a C string). Otherwise the live child, or the command ``run`` starts, fails to
+    start with an error that names neither the variable nor the file. A value is never echoed
+    (it may be a secret)."""
+    for name, value in env.items():
+        if "=" in name:
+            raise InputError(
+                f"{where}: variable name {short_repr(name)} holds '=': an environment variable's "
+                "name ends at the first '=' (write NAME: value)"
+            )
+        if "\0" in name:
+            raise InputError(f"{where}: variable name {short_repr(name)} holds a NUL character")
+        if "\0" in value:
+            raise InputError(
+                f"{where}: the value of {name} holds a NUL character, which no environment can carry"
+            )
     return env
 
 
@@ -162,7 +184,7 @@ def from_yaml(path: Path, shell: Mapping[str, str] | None = None) -> Deployment:
 def from_command(argv: list[str], parser=None, shell: Mapping[str, str] | None = None) -> Deployment:
     """A deployment from one real launch command: one role, its env the ``NAME=value`` prefix."""
     command = parse_command(argv, parser)
-    env = {**(shell or {}), **command.env}
+    env = {**(shell or {}), **_environment(command.env, "launch command")}
     model = None
     # the model is the deployment's model facts, as --config's model: and --model-path give it, not
     # a server argument: the same deployment has the same facts in every form
@@ -204,9 +226,15 @@ def no_deployment() -> Deployment:
 
 
 def model_from_dir(path: Path, where: str) -> ModelFacts:
-    if path.is_file() and path.suffix == ".json":
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except (OSError, ValueError) as error:  # a folder the user cannot enter, a name too long, a loop
+        raise path_error(f"{where} {path}", error) from None
+    if mode is not None and stat.S_ISREG(mode) and path.suffix == ".json":
         return model_from_config_file(path)
-    if not path.is_dir():
+    if mode is None or not stat.S_ISDIR(mode):
         raise InputError(
             f"{where} {path}: not a local model directory (npudoctor reads its config.json; "
             "hub ids are not fetched)"
@@ -215,15 +243,17 @@ def model_from_dir(path: Path, where: str) -> ModelFacts:
 
 
 def model_from_config_file(path: Path) -> ModelFacts:
-    if not path.is_file():
-        raise InputError(f"{path}: no such model config file")
     try:
-        config = json.loads(
-            limits.read_bytes(path, limits.MAX_CONFIG_BYTES, "a model config").decode("utf-8-sig")
-        )
+        raw = limits.read_bytes(path, limits.MAX_CONFIG_BYTES, "a model config")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such model config file") from None
+    except (OSError, ValueError) as error:  # denied, a name too long, a link loop, a NUL
+        raise path_error(str(path), error) from None
+    try:
+        config = json.loads(raw.decode("utf-8-sig"))
     except json.JSONDecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read ({error})") from None
     except (ValueError, RecursionError) as error:  # a number too long to convert, nesting too deep
         raise InputError(f"{path}: not a model config npudoctor can read ({_first_line(error)})") from None
@@ -256,10 +286,14 @@ def _parse_args(args: list[str], where: str):
 
 
 def _load_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise InputError(f"{path}: no such deployment file")
     try:
-        text = limits.read_bytes(path, limits.MAX_YAML_BYTES, "a deployment file").decode("utf-8")
+        raw = limits.read_bytes(path, limits.MAX_YAML_BYTES, "a deployment file")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such deployment file") from None
+    except (OSError, ValueError) as error:  # denied, a name too long, a link loop, a NUL
+        raise path_error(str(path), error) from None
+    try:
+        text = raw.decode("utf-8")
         data = limits.load_yaml(text, str(path))  # safe_load, measured before anything is built
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -317,7 +351,7 @@ def _env_mapping(value: Any, where: str) -> dict[str, str]:
         if isinstance(item, (dict, list)):
             raise InputError(f"{where}.{key}: must be a single value")
         env[key] = "" if item is None else (str(item).lower() if isinstance(item, bool) else str(item))
-    return env
+    return _environment(env, where)
 
 
 def _reject_unknown(data: dict[str, Any], allowed: set[str], where: str) -> None:

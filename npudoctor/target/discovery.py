@@ -14,7 +14,7 @@ import importlib.util
 from functools import cached_property
 from pathlib import Path
 
-from npudoctor.errors import InputError, NoTargetError
+from npudoctor.errors import InputError, NoTargetError, path_error
 from npudoctor.results import TargetInfo
 from npudoctor.static.source import SourceTree
 
@@ -108,14 +108,23 @@ def _installed() -> Target:
 
 
 def _from_path(path: Path) -> Target:
+    try:
+        package_dir = _package_dir(path)
+    except (OSError, ValueError) as error:  # a folder the user cannot enter, a name too long, a loop
+        raise path_error(f"--sglang-path {path}", error) from None
+    return Target(package_dir, _version_from_tree(package_dir), "path")
+
+
+def _package_dir(path: Path) -> Path:
+    """The ``sglang/`` package directory ``path`` names; the system's refusals (``OSError``) pass
+    through, ``Path.exists`` raising them for a folder on the way the user cannot enter."""
     if not path.exists():
         raise InputError(f"--sglang-path {path}: no such directory")
     if not path.is_dir():
         raise InputError(f"--sglang-path {path}: not a directory")
     for candidate in (path, path / "sglang", path / "python" / "sglang"):
         if all((candidate / marker).exists() for marker in _MARKERS) and candidate.name == "sglang":
-            package_dir = candidate.resolve()
-            return Target(package_dir, _version_from_tree(package_dir), "path")
+            return candidate.resolve()
     raise InputError(
         f"--sglang-path {path}: not an sglang tree "
         "(expected a directory containing sglang/srt/, e.g. an unpacked wheel)"
