@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor.errors import ExitCode, InputError, NoTargetError
+from npudoctor.live import child_process
 from npudoctor.results import Report, Status
 from npudoctor.service.planning import UserOptions
 from npudoctor.service.runner import CheckRequest, run
@@ -165,7 +166,12 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         # spawned, never forked from a process that may hold threads); auto/live: threads, each
         # live check runs in a child of its own anyway
         if request.check.depth == "static":
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            pool = ProcessPoolExecutor(
+                max_workers=jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=child_process.die_with_parent,  # a worker must not outlive npudoctor
+                initargs=(os.getpid(),),
+            )
         else:
             pool = ThreadPoolExecutor(max_workers=jobs)
         try:
@@ -209,9 +215,13 @@ def _ctrl_c_spared(processes: bool) -> Iterator[None]:
 
 
 def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
-    """Stop checking: releases not started are dropped; worker processes are ended (a thread's live
-    child ends on the same Ctrl-C, and the thread with it)."""
+    """Stop checking: releases not started are dropped; worker processes are ended; a thread's live
+    child is killed (``child_process.stop_all``: a signal to npudoctor alone does not reach it), which
+    ends the thread's release at once: the process exits only when its threads have, and a live run
+    lasts minutes."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    if isinstance(pool, ThreadPoolExecutor):
+        child_process.stop_all()
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(Exception):

@@ -14,6 +14,7 @@ Each signal lands a second or two into the run, so a case costs seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from support.repo import EXAMPLES, REPO
+from support.repo import EXAMPLES
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from /proc")
 
@@ -50,10 +51,8 @@ def _session_members(session: int) -> list[str]:
 def _children(pid: int) -> list[int]:
     found = []
     for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
+        with contextlib.suppress(OSError):
             found += [int(child) for child in children.read_text().split()]
-        except OSError:
-            pass
     return found
 
 
@@ -103,7 +102,7 @@ def _live_child_at_work(_pid, tmpdir: Path) -> bool:
     ids=["SIGTERM", "SIGHUP", "ctrl-c", "kill-INT"],
 )
 def test_a_signal_to_check_ends_the_live_child_and_removes_its_folder(release, tmp_path, signum, group):
-    argv = ["check", "--depth", "live", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--quiet"]
+    argv = ["check", "--depth", "live", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--quiet"]  # fmt: skip
     code, err, left, files = _signalled(argv, tmp_path, _live_child_at_work, signum, group=group)
     assert not left, f"still running after npudoctor ended: {left}"
     assert files == [], f"left in TMPDIR: {files}"
@@ -112,7 +111,7 @@ def test_a_signal_to_check_ends_the_live_child_and_removes_its_folder(release, t
 
 def test_a_sigkill_to_check_ends_the_live_child(release, tmp_path):
     """SIGKILL runs no code of npudoctor's: the kernel ends the live child with it."""
-    argv = ["check", "--depth", "live", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--quiet"]
+    argv = ["check", "--depth", "live", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--quiet"]  # fmt: skip
     code, _, left, _ = _signalled(argv, tmp_path, _live_child_at_work, signal.SIGKILL)
     assert code == -signal.SIGKILL
     assert not left, f"still running after npudoctor was killed: {left}"
@@ -150,7 +149,9 @@ def _command_running(pid, _tmpdir) -> bool:
 
 
 @pytest.mark.parametrize(
-    "signum", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM], ids=lambda s: s.name
+    "signum",
+    [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM],
+    ids=lambda s: s.name,
 )
 def test_run_hands_a_supervisors_signal_to_the_command(release, tmp_path, signum):
     """``run`` forwards what a supervisor sends to the command, waits for it, removes its plan's
