@@ -14,6 +14,7 @@ caller can show progress.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import dataclasses
 import gc
@@ -64,8 +65,10 @@ class LiveRun:
         child: subprocess.Popen | None = None,
         reader: threading.Thread | None = None,
         folder: str | None = None,
+        stoppable: Stoppable | None = None,
     ):
         self._outcome, self._child, self._reader, self._folder = outcome, child, reader, folder
+        self._stoppable = stoppable
 
     def outcome(self) -> LiveOutcome:
         if self._outcome is None:
@@ -78,7 +81,7 @@ class LiveRun:
     def stop(self) -> None:
         """End the child if it still runs, reap it and remove its temporary folder (idempotent)."""
         if self._child is not None:
-            _end(self._child)
+            _end(self._child, self._stoppable)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -135,33 +138,55 @@ def serve_from(pool):
     return previous
 
 
-# The live children this process is running (a command runs one; ``advise`` one per thread), for
-# ``stop_all``; once it was called, no child starts any more.
-_running: set[subprocess.Popen] = set()
-_running_lock = threading.Lock()
-_stopping: list[bool] = []
+class Stoppable:
+    """The live children that work run through ``run`` starts, in whichever thread: ``stop`` kills
+    them and has that work start no more. For a caller whose threads each wait for a live child
+    (``advise`` at the live depth): a signal to npudoctor reaches its main thread only, and the
+    process exits once its threads have, a live run lasting up to ``TIMEOUT_SECONDS``."""
+
+    def __init__(self):
+        self._children: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def run(self, work: Callable, *args):
+        """``work(*args)``, its live children ours (a worker thread's call)."""
+        token = _stoppable.set(self)
+        try:
+            return work(*args)
+        finally:
+            _stoppable.reset(token)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            children = list(self._children)
+        for child in children:
+            with contextlib.suppress(OSError):
+                child.kill()
+
+    def _started(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.add(child)
+            if self.stopped:  # stopped while the child started
+                child.kill()
+
+    def _ended(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.discard(child)
 
 
-def stop_all() -> None:
-    """End every live child this process runs and start no more: for a process that is stopping
-    (``advise`` on a signal), whose threads wait for their children (a live run lasts up to
-    ``TIMEOUT_SECONDS``) and would keep it from exiting."""
-    with _running_lock:
-        _stopping.append(True)
-        running = list(_running)
-    for child in running:
-        with contextlib.suppress(OSError):
-            child.kill()
+_stoppable: contextvars.ContextVar[Stoppable | None] = contextvars.ContextVar("stoppable", default=None)
 
 
-def _end(child: subprocess.Popen) -> None:
+def _end(child: subprocess.Popen, stoppable: Stoppable | None) -> None:
     """Kill ``child`` if it still runs, and reap it."""
     if child.poll() is None:
         with contextlib.suppress(OSError):
             child.kill()
     child.wait()
-    with _running_lock:
-        _running.discard(child)
+    if stoppable is not None:
+        stoppable._ended(child)
     for stream in (child.stdout, child.stderr):
         if stream is not None:
             stream.close()
@@ -191,8 +216,9 @@ def _spawn(
     The child's ``TMPDIR`` is a folder this process makes and removes once the child is reaped
     (``LiveRun.stop``): what the child puts there (its scratch, ``npudoctor.live.sealing``; the
     stand-ins' metadata) goes with it even when it is killed before its own cleanup runs."""
-    if _stopping:
-        return LiveRun(LiveOutcome(unavailable="npudoctor is stopping: the live run did not start"))
+    stoppable = _stoppable.get()
+    if stoppable is not None and stoppable.stopped:
+        return LiveRun(LiveOutcome(unavailable="stopped: the live run did not start"))
     folder = tempfile.mkdtemp(prefix="npudoctor-live-")
     env = {**env, "TMPDIR": folder}
     steps_read, steps_write = os.pipe()
@@ -225,15 +251,17 @@ def _spawn(
     finally:
         os.close(steps_write)
         os.close(request_read)
-    with _running_lock:
-        _running.add(child)
-        if _stopping:  # stop_all ran while the child started
-            child.kill()
-    run = LiveRun(child=child, reader=reader, folder=folder)
-    reader.start()
-    # the request goes now: the child imports sglang while the caller goes on
-    with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
-        pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
+    run = LiveRun(child=child, reader=reader, folder=folder, stoppable=stoppable)
+    try:
+        if stoppable is not None:
+            stoppable._started(child)
+        reader.start()
+        # the request goes now: the child imports sglang while the caller goes on
+        with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
+            pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
+    except BaseException:  # a signal's Interrupted before the caller holds the run
+        run.stop()
+        raise
     return run
 
 

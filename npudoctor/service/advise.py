@@ -165,6 +165,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         # static: parsing is CPU work under the GIL, so one process per core (a fresh interpreter:
         # spawned, never forked from a process that may hold threads); auto/live: threads, each
         # live check runs in a child of its own anyway
+        stoppable = child_process.Stoppable()  # the threads' live children
         if request.check.depth == "static":
             pool = ProcessPoolExecutor(
                 max_workers=jobs,
@@ -176,11 +177,16 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
             pool = ThreadPoolExecutor(max_workers=jobs)
         try:
             with _ctrl_c_spared(isinstance(pool, ProcessPoolExecutor)):  # the workers start here
-                futures = [pool.submit(_check, *item) for item in work]
+                futures = [
+                    pool.submit(_check, *item)
+                    if isinstance(pool, ProcessPoolExecutor)
+                    else pool.submit(stoppable.run, _check, *item)
+                    for item in work
+                ]
             for future in futures:  # reported in the releases' order
                 finished(future.result())
         except BaseException:  # Ctrl-C (or a failure): no release is started any more, the workers stop
-            _stop(pool)
+            _stop(pool, stoppable)
             raise
         pool.shutdown()
     check_ids = tuple(dict.fromkeys(r.id for row in rows if row.report for r in row.report.results))
@@ -214,14 +220,12 @@ def _ctrl_c_spared(processes: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
-    """Stop checking: releases not started are dropped; worker processes are ended; a thread's live
-    child is killed (``child_process.stop_all``: a signal to npudoctor alone does not reach it), which
-    ends the thread's release at once: the process exits only when its threads have, and a live run
-    lasts minutes."""
+def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor, stoppable: child_process.Stoppable) -> None:
+    """Stop checking: releases not started are dropped; worker processes are ended; the threads' live
+    children are killed (a signal to npudoctor alone does not reach them), which ends each thread's
+    release at once: the process exits only when its threads have, and a live run lasts minutes."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
-    if isinstance(pool, ThreadPoolExecutor):
-        child_process.stop_all()
+    stoppable.stop()
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(Exception):

@@ -124,15 +124,28 @@ def _workers_at_work(count: int):
     return started
 
 
-@pytest.mark.parametrize("depth", ["static", "live"])
-def test_a_sigterm_to_advise_ends_its_workers(release, tmp_path, depth):
+@pytest.mark.parametrize(
+    ("depth", "signum"),
+    [
+        ("static", signal.SIGTERM),
+        ("live", signal.SIGTERM),
+        ("static", signal.SIGKILL),
+        ("live", signal.SIGKILL),
+    ],
+    ids=["static-SIGTERM", "live-SIGTERM", "static-SIGKILL", "live-SIGKILL"],
+)
+def test_a_signal_to_advise_ends_its_workers(release, tmp_path, depth, signum):
     """At the static depth each release is checked in a worker process; at the live depth in a
-    thread, with a live child of its own. SIGTERM to npudoctor ends them all at once."""
+    thread, with a live child of its own. SIGTERM to npudoctor ends them all at once; SIGKILL runs
+    none of npudoctor's code, and the kernel ends them with it."""
     versions = ("0.5.12", "0.5.13", "0.5.14", "0.5.15") if depth == "static" else ("0.5.12", "0.5.13")
     trees = [arg for v in versions for arg in ("--sglang-path", release(v))]
     argv = ["advise", *trees, "--jobs", "2", "--depth", depth, "--config", DEEPSEEK_PD, "--quiet"]
-    code, err, left, files = _signalled(argv, tmp_path, _workers_at_work(2), signal.SIGTERM)
+    code, err, left, files = _signalled(argv, tmp_path, _workers_at_work(2), signum)
     assert not left, f"still running after npudoctor ended: {left}"
+    if signum == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        return
     assert files == [], f"left in TMPDIR: {files}"
     assert (code, "Traceback" in err) == (143, False), err
 
@@ -148,16 +161,23 @@ def _command_running(pid, _tmpdir) -> bool:
     return False
 
 
+@pytest.fixture(scope="module")
+def run_cache(tmp_path_factory) -> str:
+    """One static-result cache for the ``run`` cases: the check before the command is the same each
+    time (a parse of the release: 20 s), the signal is what differs."""
+    return str(tmp_path_factory.mktemp("npudoctor-cache"))
+
+
 @pytest.mark.parametrize(
     "signum",
     [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM],
     ids=lambda s: s.name,
 )
-def test_run_hands_a_supervisors_signal_to_the_command(release, tmp_path, signum):
+def test_run_hands_a_supervisors_signal_to_the_command(release, tmp_path, run_cache, signum):
     """``run`` forwards what a supervisor sends to the command, waits for it, removes its plan's
     folder and exits with the command's status: ``sleep`` ended by signal N, 128 + N."""
     argv = ["run", "--depth", "static", "--quiet", "--", "sleep", "60"]
-    env = {"PYTHONPATH": str(release("0.5.23"))}
+    env = {"PYTHONPATH": str(release("0.5.23")), "NPUDOCTOR_CACHE_DIR": run_cache}
     code, err, left, files = _signalled(argv, tmp_path, _command_running, signum, env=env)
     assert not left, f"still running after npudoctor ended: {left}"
     assert files == [], f"left in TMPDIR: {files}"
