@@ -68,26 +68,27 @@ def _signalled(argv, tmp_path, started, signum, group=False, env=None):
     def no_core_files():  # SIGQUIT's default action dumps core
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    process = subprocess.Popen([NPUDOCTOR, *map(str, argv)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=tmp_path, env=environment, start_new_session=True,
-                               preexec_fn=no_core_files)  # fmt: skip
+    stderr = tmp_path / "stderr"  # a file, not a pipe: a survivor would hold a pipe open
+    with stderr.open("w") as err:
+        process = subprocess.Popen([NPUDOCTOR, *map(str, argv)], stdout=subprocess.DEVNULL, stderr=err,
+                                   cwd=tmp_path, env=environment, start_new_session=True,
+                                   preexec_fn=no_core_files)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not started(process.pid, tmpdir):
-            assert process.poll() is None, f"{argv} ended before its work started: {process.communicate()}"
+            assert process.poll() is None, f"{argv} ended before its work started: {stderr.read_text()}"
             assert time.monotonic() < deadline, f"{argv}: its work did not start in 120 s"
             time.sleep(0.05)
         time.sleep(0.5)
         assert process.poll() is None, f"{argv} finished before the signal"
         (os.killpg if group else os.kill)(process.pid, signum)
-        _, err = process.communicate(timeout=20)  # stderr stays open while a survivor holds it
+        process.wait(timeout=20)
         deadline = time.monotonic() + 10
         while (left := _session_members(process.pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        return process.returncode, err, left, sorted(p.name for p in tmpdir.iterdir())
+        return process.returncode, stderr.read_text(), left, sorted(p.name for p in tmpdir.iterdir())
     finally:
-        with_pids = _session_members(process.pid)
-        if with_pids:  # never leave a test's processes behind, whatever it found
+        if _session_members(process.pid):  # never leave a test's processes behind, whatever it found
             os.killpg(process.pid, signal.SIGKILL)
 
 
