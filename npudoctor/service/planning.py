@@ -355,7 +355,11 @@ def run_command(command: list[str], document: dict) -> int:
         except OSError as error:
             shown = redact_argv(command[:1])[0]
             raise CommandNotFound(f"run: cannot execute {shown}: {error.strerror}", 126) from None
-        previous = {sig: signal.signal(sig, _forward(child)) for sig in FORWARDED_SIGNALS}
+        previous = {  # one npudoctor was started ignoring (nohup's SIGHUP) the command ignores too
+            sig: signal.signal(sig, _forward(child))
+            for sig in FORWARDED_SIGNALS
+            if signal.getsignal(sig) is not signal.SIG_IGN
+        }
         try:
             code = child.wait()
             return 128 - code if code < 0 else code  # signal N ended it: 128 + N, as a shell says
