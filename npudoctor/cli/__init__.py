@@ -23,16 +23,31 @@ from npudoctor.terminal import TerminalConsole
 
 
 class Interrupted(BaseException):
-    """Ctrl-C (SIGINT) while a command works. Not ``KeyboardInterrupt``, which typer turns into a
-    silent exit 130 on its own; a ``BaseException``, so no ``except Exception`` on the way (a check
-    that broke becomes an ``error`` result) takes it for a failure."""
+    """A signal that stops a command while it works: Ctrl-C (SIGINT), SIGTERM (a supervisor, a CI
+    runner's cancel), SIGHUP (the terminal closed). Raised in the main thread, so every ``finally``
+    on the way runs: the live child is killed and reaped, ``advise``'s workers ended, temporary
+    folders removed; the default action of SIGTERM and SIGHUP would end the process without any of it.
+    Not ``KeyboardInterrupt``, which typer turns into a silent exit 130 on its own; a
+    ``BaseException``, so no ``except Exception`` on the way (a check that broke becomes an
+    ``error`` result) takes it for a failure."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# The signals that stop a command through ``Interrupted``, and the line each says. SIGQUIT keeps its
+# default action (a core dump to debug with); the live child and advise's workers die with this process
+# whatever ends it (``npudoctor.live.child_process.die_with_parent``).
+STOPPING_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: map errors to the documented exit codes, one line each, never a traceback;
-    Ctrl-C is one line and 130 (128 + SIGINT), as a shell reports a command SIGINT stopped."""
+    Ctrl-C is one line and 130 (128 + SIGINT), SIGTERM 143 and SIGHUP 129, as a shell reports a
+    command such a signal stopped."""
     output.tolerant_streams()
-    with _ctrl_c():
+    with _stopped_by_signals():
         try:
             code = _main(argv)
             try:  # a reader gone while the last lines sat in the buffer: 141 here too
@@ -43,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError):
                 pass
             return code
-        except (Interrupted, KeyboardInterrupt):
-            return _interrupted()
+        except (Interrupted, KeyboardInterrupt) as stop:
+            return _interrupted(stop)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -55,8 +70,8 @@ def _main(argv: list[str] | None) -> int:
     except NpudoctorError as error:
         output.say(f"error: {error}")
         return int(error.exit_code)
-    except (Interrupted, KeyboardInterrupt):
-        return _interrupted()
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return _interrupted(stop)
     except (output.ReaderGone, BrokenPipeError):
         return output.stdout_gone()
     except Exception as error:
@@ -80,44 +95,51 @@ def _is_usage_error(error: Exception) -> bool:
 
 
 @contextlib.contextmanager
-def _ctrl_c() -> Iterator[None]:
-    """While a command runs, Ctrl-C raises ``Interrupted`` (once: a second one ends the process at
-    once, 130). Worker processes a command starts are spared it (``service.advise``): the command
-    stops them. A SIGINT the shell has this process ignore (a background job) stays ignored."""
+def _stopped_by_signals() -> Iterator[None]:
+    """While a command runs, each of ``STOPPING_SIGNALS`` raises ``Interrupted`` (once: a second one
+    ends the process at once, 128 + N). Worker processes a command starts are spared Ctrl-C
+    (``service.advise``): the command stops them. A signal the caller has this process ignore (a
+    background job's SIGINT, ``nohup``'s SIGHUP) stays ignored."""
     global _said_interrupted
     _said_interrupted = False
+    previous = {}
     try:
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is signal.SIG_IGN:
-            yield
-            return
-        signal.signal(signal.SIGINT, _first_ctrl_c)
+        for signum in STOPPING_SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _first_stop)
     except ValueError:  # not the main thread (an embedder's): no handler of ours
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 _said_interrupted = False
 
 
-def _first_ctrl_c(_signum, _frame) -> None:
-    signal.signal(signal.SIGINT, _second_ctrl_c)  # the way out stays clean of another Ctrl-C
-    raise Interrupted
+def _first_stop(signum, _frame) -> None:
+    for caught in STOPPING_SIGNALS:  # the way out stays clean of another signal
+        if signal.getsignal(caught) is _first_stop:
+            signal.signal(caught, _second_stop)
+    raise Interrupted(signum)
 
 
-def _second_ctrl_c(_signum, _frame) -> None:
+def _second_stop(signum, _frame) -> None:
     if not _said_interrupted:
-        output.say("interrupted")
-    os._exit(130)
+        with contextlib.suppress(OSError):
+            output.say(STOPPING_SIGNALS[signal.Signals(signum)])
+    os._exit(128 + signum)
 
 
-def _interrupted() -> int:
+def _interrupted(stop: BaseException) -> int:
+    """What a stopping signal ends a command with: its line, and 128 + N."""
     global _said_interrupted
+    signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
     if not _said_interrupted:
-        output.say("interrupted")
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            output.say(STOPPING_SIGNALS[signal.Signals(signum)])
         _said_interrupted = True
-    return output.EXIT_INTERRUPTED
+    return 128 + int(signum)

@@ -36,7 +36,7 @@ EPILOG = (
     + "\n\n"
     "Exit codes: 0 the baseline (the installed release, else the first checked) has no finding at or "
     "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
-    "checked (or no sglang to start from); 130 interrupted (Ctrl-C)."
+    "checked (or no sglang to start from); 130 interrupted (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP."
 )
 
 

@@ -39,7 +39,7 @@ EPILOG = (
     "(the next command is printed); 2 usage or input error (unknown fix id, unwritable --site, "
     "damaged record, a record --revert cannot remove: it is left as it was, the record's lock held "
     "by another fix for a minute); 3 internal error; 4 no sglang found, or it has no Ascend NPU "
-    "backend; 130 interrupted (Ctrl-C)."
+    "backend; 130 interrupted (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP."
 )
 
 

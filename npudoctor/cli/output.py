@@ -25,7 +25,6 @@ from npudoctor.errors import InputError, file_kind, path_error
 from npudoctor.terminal import TerminalConsole, printable
 
 EXIT_BROKEN_PIPE = 141
-EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command SIGINT stopped
 
 
 class ReaderGone(Exception):

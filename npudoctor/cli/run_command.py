@@ -22,7 +22,8 @@ EPILOG = (
     "wins; --isolated reads none). A command that is not an sglang launch npudoctor can read gets the "
     "fixes for the worst case. Exit code: the command's (128 + N when signal N ended it: 130 for "
     "Ctrl-C); 126/127 when it cannot run or is not found; 2 for bad npudoctor options; 130 when "
-    "interrupted before the command starts. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
+    "interrupted before the command starts (143 SIGTERM, 129 SIGHUP); once it runs, SIGINT, SIGTERM, "
+    "SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are handed to it. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
 )
 
 

@@ -14,14 +14,18 @@ caller can show progress.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import ctypes
 import dataclasses
 import gc
 import os
 import pickle
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -51,20 +55,42 @@ def run(
 
 class LiveRun:
     """A live child at work; ``outcome`` waits for its answer. The caller may do other work in
-    between (``npudoctor.service.evaluate`` reads the source while the child imports sglang)."""
+    between (``npudoctor.service.evaluate`` reads the source while the child imports sglang), inside
+    ``with``: a caller stopped there (a signal's ``Interrupted``, a failure) must not leave the child
+    importing sglang on its own."""
 
     def __init__(
         self,
         outcome: LiveOutcome | None = None,
         child: subprocess.Popen | None = None,
         reader: threading.Thread | None = None,
+        folder: str | None = None,
+        stoppable: Stoppable | None = None,
     ):
-        self._outcome, self._child, self._reader = outcome, child, reader
+        self._outcome, self._child, self._reader, self._folder = outcome, child, reader, folder
+        self._stoppable = stoppable
 
     def outcome(self) -> LiveOutcome:
         if self._outcome is None:
-            self._outcome = _answer(self._child, self._reader)
+            try:
+                self._outcome = _answer(self._child, self._reader)
+            finally:
+                self.stop()
         return self._outcome
+
+    def stop(self) -> None:
+        """End the child if it still runs, reap it and remove its temporary folder (idempotent)."""
+        if self._child is not None:
+            _end(self._child, self._stoppable)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def __enter__(self) -> LiveRun:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
 
 
 def start(
@@ -112,6 +138,71 @@ def serve_from(pool):
     return previous
 
 
+class Stoppable:
+    """The live children that work run through ``run`` starts, in whichever thread: ``stop`` kills
+    them and has that work start no more. For a caller whose threads each wait for a live child
+    (``advise`` at the live depth): a signal to npudoctor reaches its main thread only, and the
+    process exits once its threads have, a live run lasting up to ``TIMEOUT_SECONDS``."""
+
+    def __init__(self):
+        self._children: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def run(self, work: Callable, *args):
+        """``work(*args)``, its live children ours (a worker thread's call)."""
+        token = _stoppable.set(self)
+        try:
+            return work(*args)
+        finally:
+            _stoppable.reset(token)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            children = list(self._children)
+        for child in children:
+            with contextlib.suppress(OSError):
+                child.kill()
+
+    def _started(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.add(child)
+            if self.stopped:  # stopped while the child started
+                child.kill()
+
+    def _ended(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.discard(child)
+
+
+_stoppable: contextvars.ContextVar[Stoppable | None] = contextvars.ContextVar("stoppable", default=None)
+
+
+def _end(child: subprocess.Popen, stoppable: Stoppable | None) -> None:
+    """Kill ``child`` if it still runs, and reap it."""
+    if child.poll() is None:
+        with contextlib.suppress(OSError):
+            child.kill()
+    child.wait()
+    if stoppable is not None:
+        stoppable._ended(child)
+    for stream in (child.stdout, child.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent ends (Linux ``PR_SET_PDEATHSIG``, as
+    ``npudoctor.live.zygote`` does), however the parent ends (a SIGKILL runs none of its cleanup);
+    elsewhere it just lives on. ``parent``: the parent's pid, to catch one that ended before the call
+    (the orphan's new parent may be a subreaper, not init)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
+
+
 def _spawn(
     target: Target,
     facts: Facts,
@@ -120,7 +211,16 @@ def _spawn(
     fixes: dict[str, dict[str, str]] | None,
     env: dict[str, str],
 ) -> LiveRun:
-    """Start a fresh child interpreter for the run, the request on its stdin."""
+    """Start a fresh child interpreter for the run, the request on its stdin.
+
+    The child's ``TMPDIR`` is a folder this process makes and removes once the child is reaped
+    (``LiveRun.stop``): what the child puts there (its scratch, ``npudoctor.live.sealing``; the
+    stand-ins' metadata) goes with it even when it is killed before its own cleanup runs."""
+    stoppable = _stoppable.get()
+    if stoppable is not None and stoppable.stopped:
+        return LiveRun(LiveOutcome(unavailable="stopped: the live run did not start"))
+    folder = tempfile.mkdtemp(prefix="npudoctor-live-")
+    env = {**env, "TMPDIR": folder}
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
         {
@@ -129,6 +229,7 @@ def _spawn(
             "sglang_root": str(target.root),
             "steps_fd": steps_write,
             "fixes": fixes or {},
+            "parent": os.getpid(),
         }
     )
     reader = threading.Thread(target=_read_steps, args=(steps_read, on_step), daemon=True)
@@ -145,15 +246,23 @@ def _spawn(
     except OSError as error:
         os.close(steps_read)
         os.close(request_write)
+        shutil.rmtree(folder, ignore_errors=True)
         return LiveRun(LiveOutcome(unavailable=f"the live run could not start: {error}"))
     finally:
         os.close(steps_write)
         os.close(request_read)
-    reader.start()
-    # the request goes now: the child imports sglang while the caller goes on
-    with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
-        pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
-    return LiveRun(child=child, reader=reader)
+    run = LiveRun(child=child, reader=reader, folder=folder, stoppable=stoppable)
+    try:
+        if stoppable is not None:
+            stoppable._started(child)
+        reader.start()
+        # the request goes now: the child imports sglang while the caller goes on
+        with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
+            pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
+    except BaseException:  # a signal's Interrupted before the caller holds the run
+        run.stop()
+        raise
+    return run
 
 
 def _answer(child: subprocess.Popen, reader: threading.Thread) -> LiveOutcome:
@@ -315,6 +424,7 @@ def _child() -> int:
 
     sealing.seal()  # before anything imports sglang, transformers or huggingface_hub
     request = pickle.loads(sys.stdin.buffer.read())
+    die_with_parent(request["parent"])  # npudoctor SIGKILLed: no import of sglang runs on without it
     # whatever sglang prints, from Python or from native code writing to fd 1, must not corrupt
     # the answer: the answer gets its own copy of the pipe, and fd 1 becomes stderr
     sys.stdout.flush()

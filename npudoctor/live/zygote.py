@@ -410,6 +410,12 @@ class _PooledRun:
         self._outcome: LiveOutcome | None = outcome
         self._memo = memo
 
+    def __enter__(self) -> _PooledRun:  # as ``child_process.LiveRun``: an abandoned run ends with the pool
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        pass
+
     def outcome(self) -> LiveOutcome:
         if self._outcome is None:
             from npudoctor.live.child_process import TIMEOUT_SECONDS

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from npudoctor.errors import ExitCode, InputError, NoTargetError
+from npudoctor.live import child_process
 from npudoctor.results import Report, Status
 from npudoctor.service.planning import UserOptions
 from npudoctor.service.runner import CheckRequest, run
@@ -164,17 +165,28 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         # static: parsing is CPU work under the GIL, so one process per core (a fresh interpreter:
         # spawned, never forked from a process that may hold threads); auto/live: threads, each
         # live check runs in a child of its own anyway
+        stoppable = child_process.Stoppable()  # the threads' live children
         if request.check.depth == "static":
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            pool = ProcessPoolExecutor(
+                max_workers=jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=child_process.die_with_parent,  # a worker must not outlive npudoctor
+                initargs=(os.getpid(),),
+            )
         else:
             pool = ThreadPoolExecutor(max_workers=jobs)
         try:
             with _ctrl_c_spared(isinstance(pool, ProcessPoolExecutor)):  # the workers start here
-                futures = [pool.submit(_check, *item) for item in work]
+                futures = [
+                    pool.submit(_check, *item)
+                    if isinstance(pool, ProcessPoolExecutor)
+                    else pool.submit(stoppable.run, _check, *item)
+                    for item in work
+                ]
             for future in futures:  # reported in the releases' order
                 finished(future.result())
         except BaseException:  # Ctrl-C (or a failure): no release is started any more, the workers stop
-            _stop(pool)
+            _stop(pool, stoppable)
             raise
         pool.shutdown()
     check_ids = tuple(dict.fromkeys(r.id for row in rows if row.report for r in row.report.results))
@@ -208,10 +220,12 @@ def _ctrl_c_spared(processes: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor) -> None:
-    """Stop checking: releases not started are dropped; worker processes are ended (a thread's live
-    child ends on the same Ctrl-C, and the thread with it)."""
+def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor, stoppable: child_process.Stoppable) -> None:
+    """Stop checking: releases not started are dropped; worker processes are ended; the threads' live
+    children are killed (a signal to npudoctor alone does not reach them), which ends each thread's
+    release at once: the process exits only when its threads have, and a live run lasts minutes."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    stoppable.stop()
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(Exception):

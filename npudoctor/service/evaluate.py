@@ -65,10 +65,10 @@ def evaluate(
             if on_step is not None:
                 on_step("kept")
         elif probed:
-            child = child_process.start(target, facts, probed, on_step, fixes)
-            # the static probes run while the child imports sglang (seconds of a live run)
-            statics = static_probes(checks, target, facts, depth)
-            outcome = child.outcome()
+            with child_process.start(target, facts, probed, on_step, fixes) as child:
+                # the static probes run while the child imports sglang (seconds of a live run)
+                statics = static_probes(checks, target, facts, depth)
+                outcome = child.outcome()
             _keep_outcome(outcome, target, facts, probed, fixes)
         else:
             outcome = LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)

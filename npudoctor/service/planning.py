@@ -355,7 +355,11 @@ def run_command(command: list[str], document: dict) -> int:
         except OSError as error:
             shown = redact_argv(command[:1])[0]
             raise CommandNotFound(f"run: cannot execute {shown}: {error.strerror}", 126) from None
-        previous = {sig: signal.signal(sig, _forward(child)) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {  # one npudoctor was started ignoring (nohup's SIGHUP) the command ignores too
+            sig: signal.signal(sig, _forward(child))
+            for sig in FORWARDED_SIGNALS
+            if signal.getsignal(sig) is not signal.SIG_IGN
+        }
         try:
             code = child.wait()
             return 128 - code if code < 0 else code  # signal N ended it: 128 + N, as a shell says
@@ -400,6 +404,18 @@ class CommandNotFound(InputError):
     def __init__(self, message: str, exit_code: int = 127):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# What ``run`` hands to the command instead of acting on itself: what a terminal, a supervisor or
+# an operator sends to stop, reload or poke a server (systemd's stop and reload, a CI runner's cancel,
+# Kubernetes' termination, ``kill -USR1`` for a stack dump). npudoctor's default action for most of
+# them would end it and leave the command orphaned and the plan's folder behind; forwarded, the
+# command decides, npudoctor waits for it and exits with its status.
+FORWARDED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
 
 
 def _forward(child: subprocess.Popen):
