@@ -636,13 +636,15 @@ def test_values_of_sglang_own_parser_become_plain_data():
 def test_every_module_that_renders_a_report_is_a_format_the_suites_cover():
     """The fuzz and hardening suites draw their formats from ``npudoctor.formatters.FORMATS``: a
     module of ``npudoctor/formatters/`` whose ``render`` takes a ``Report`` is in it (a new format
-    cannot escape them), and ``advise`` renders the same formats."""
+    cannot escape them), and ``check`` and ``advise`` offer exactly those."""
     import importlib
     import inspect
     import pkgutil
     import typing
 
     import npudoctor.formatters
+    from npudoctor.cli.advise_command import AdviseFormat
+    from npudoctor.cli.check_command import Format
     from npudoctor.formatters import advice
     from npudoctor.results import Report
 
@@ -656,4 +658,5 @@ def test_every_module_that_renders_a_report_is_a_format_the_suites_cover():
         if typing.get_type_hints(render).get(first) is Report:
             renders_a_report.add(module_info.name)
     assert renders_a_report == set(FORMATS)
-    assert set(advice.FORMATS) == set(FORMATS)
+    assert advice.FORMATS is FORMATS
+    assert {f.value for f in Format} == {f.value for f in AdviseFormat} == set(FORMATS)
