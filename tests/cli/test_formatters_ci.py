@@ -292,7 +292,9 @@ def test_markdown_table_escapes_cells():
     assert lines[0] == "## npudoctor: sglang 0.5.1 at `/opt/site-packages/sglang`"
     assert "| Check | Status | Summary |" in lines
     row = next(line for line in lines if "NPD001" in line)
-    assert row == (r"| **NPD001** KV pool \| sizing | FAIL | pool too small: a\|b<br>c &lt;tag&gt; &amp; \x01d |")
+    assert row == (
+        r"| **NPD001** KV pool \| sizing | FAIL | pool too small: a\|b<br>c &lt;tag&gt; &amp; \x01d |"
+    )
     # Every row has exactly the three columns: only the separators are unescaped pipes.
     for line in lines[lines.index("| Check | Status | Summary |") :]:
         assert line.replace("\\|", "").count("|") == 4, line
