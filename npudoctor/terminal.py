@@ -11,8 +11,9 @@ bidirectional override reorders what is shown. Each is shown escaped instead (``
 Every console the text formats print on is a ``TerminalConsole``: it escapes them in what any
 renderable yields, so no formatter has to remember to. (rich markup in a value needs nothing here:
 the reports build ``Text``, which is never parsed as markup, and ``rich.markup.escape`` what goes
-into markup.) The JSON formats escape control characters themselves; stderr's lines go through
-``printable`` (``npudoctor.cli.output.say``).
+into markup.) The formats for CI tools show them the same way (Markdown, JUnit and GitHub
+annotations call ``printable``), the JSON formats escape them as JSON does; stderr's lines go
+through ``printable`` (``npudoctor.cli.output.say``).
 
 A command npudoctor prints for the user to paste (``shell_join``) quotes such a word the way
 bash, zsh and ksh93 read escapes, ``$'...'``: it shows no control character and

@@ -47,11 +47,11 @@ REDACTED = "***"
 _MARKERS = re.compile(
     r"TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|SIGNATURE",
 )
-# words that contain a marker but name no secret
 # credential words that are too short to be looked for inside a word (PAT in PATH, SIG in SIGNAL)
 _SECRET_WORDS = frozenset(
-    {"PAT", "PATS", "JWT", "JWTS", "SIG", "SIGS", "CRED", "CREDS", "BEARER", "OTP", "PSK", "PIN"}
+    {"PAT", "PATS", "JWT", "JWTS", "SIG", "SIGS", "CRED", "CREDS", "BEARER", "OTP", "PSK"}
 )
+# words that contain a marker but name no secret
 _BENIGN_WORDS = frozenset(
     {
         "TOKENS",
@@ -159,7 +159,8 @@ def redact_value(value: str, mask: Mask = _report_mask) -> str:
         text = _BARE_USERINFO.sub(lambda m: masked("PASSWORD", f"{m['user']}:", m["password"]) + "@", text)
     if "=" in text:
         text = _URL_PARAMETER.sub(lambda m: _parameter(m, mask), text)
-    if "uth" in text or "UTH" in text or "earer" in text or "EARER" in text:
+    lowered = text.lower()
+    if "auth" in lowered or "bearer" in lowered:
         text = _AUTHORIZATION.sub(lambda m: masked("TOKEN", m["lead"], m["credential"]), text)
         text = _BEARER.sub(lambda m: masked("TOKEN", m["lead"], m["credential"]), text)
     text = _TOKEN_FORMATS.sub(lambda m: mask("TOKEN"), text)
