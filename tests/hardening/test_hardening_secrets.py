@@ -577,6 +577,13 @@ def test_terminal_primitives():
     assert printable("a\x1b]0;t\x07b\rc\x9bd\u202ee\tf\ng") == "a\\x1b]0;t\\x07b\\rc\\x9bd\\u202ee\tf\ng"
     assert printable("[bold]plain[/bold] /path") == "[bold]plain[/bold] /path"
     assert shell_join(["npudoctor", "it's", "A=x\x1b[2J"]) == "npudoctor 'it'\"'\"'s' $'A=x\\x1b[2J'"
+    # a secret redacted for the shell is a variable reference; the same text from a user is quoted
+    marked = redact_argv(["HF_TOKEN=t", "--api-key", "k", '--x={"token": "t"}'], for_shell=True)
+    assert shell_join(marked) == (
+        'HF_TOKEN="${HF_TOKEN:?redacted}" --api-key "${API_KEY:?redacted}" '
+        '\'--x={"token": "\'"${TOKEN:?redacted}"\'"}\''
+    )
+    assert shell_join(['"${API_KEY:?redacted}"']) == "'\"${API_KEY:?redacted}\"'"
     started = time.perf_counter()  # a megabyte of controls: str.translate, no Python call per character
     printable("\x1b" * 1_000_000)
     shell_join(["\x1b" * 1_000_000])
