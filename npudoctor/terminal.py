@@ -11,12 +11,15 @@ bidirectional override reorders what is shown. Each is shown escaped instead (``
 Every console the text formats print on is a ``TerminalConsole``: it escapes them in what any
 renderable yields, so no formatter has to remember to. (rich markup in a value needs nothing here:
 the reports build ``Text``, which is never parsed as markup, and ``rich.markup.escape`` what goes
-into markup.) The JSON formats escape control characters themselves; stderr's lines go through
-``printable`` (``npudoctor.cli.output.say``).
+into markup.) The formats for CI tools show them the same way (Markdown, JUnit and GitHub
+annotations call ``printable``), the JSON formats escape them as JSON does; stderr's lines go
+through ``printable`` (``npudoctor.cli.output.say``).
 
 A command npudoctor prints for the user to paste (``shell_join``) quotes such a word the way
 bash, zsh and ksh93 read escapes, ``$'...'``: it shows no control character and
-pastes as the very value the user gave.
+pastes as the very value the user gave. A secret redacted from it for the shell
+(``npudoctor.deployment.redact.redact_argv(..., for_shell=True)``) is written as a reference to a
+variable the shell refuses to expand while it is unset: ``"${API_KEY:?redacted}"``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from collections.abc import Iterable, Sequence
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
+
+from npudoctor.deployment.redact import shell_secrets
 
 # C0 but tab and newline (which the layout itself writes), DEL, C1, and Unicode's bidirectional
 # controls (the "Trojan Source" characters) and line and paragraph separators
@@ -55,8 +60,14 @@ def printable(text: str) -> str:
 
 def shell_join(words: Sequence[str]) -> str:
     """``shlex.join(words)``, but a word with a control character (tab and newline too) is quoted
-    as ``$'...'`` with the character escaped (``$'A=x\\x1b[2J'``)."""
-    return " ".join(_quoted(word) for word in words)
+    as ``$'...'`` with the character escaped (``$'A=x\\x1b[2J'``), and a secret redacted for the
+    shell is a reference to its variable (``HF_TOKEN="${HF_TOKEN:?redacted}"``)."""
+    return " ".join(
+        "".join(
+            f'"${{{text}:?redacted}}"' if secret else _quoted(text) for text, secret in shell_secrets(word)
+        )
+        for word in words
+    )
 
 
 def _quoted(word: str) -> str:

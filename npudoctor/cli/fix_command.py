@@ -100,14 +100,15 @@ def fix(
 def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
     """``fix --status``: what the record holds, whether it still fits; exit 1 with the next command
     when it no longer does. Nothing recorded: what ``--apply`` would record, exit 1 when that is a fix."""
+    from npudoctor.formatters import fixplan
+
     target = setting.target
     if as_json:
         _report(True, found.to_json(), "")
     elif found.document is None:
         console = output.console()
         console.print(f"no fix is recorded in {escape(str(found.record.parent))}", soft_wrap=True)
-        for row in found.rows:
-            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        fixplan.print_status_rows(console, found.rows)
         if found.fits:
             console.print("no fix is needed for this sglang and deployment: --apply would record none")
         else:
@@ -120,8 +121,7 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
             recorded_for, version = escape(str(found.recorded_for)), escape(str(target.version))
             console.print(f"recorded for sglang {recorded_for}; this is sglang {version}")
         _print_plugin_note(console, setting, unsafe)
-        for row in found.rows:
-            console.print(f"  {row.fix_id}  [bold]{row.state}[/]  {escape(row.detail)}")
+        fixplan.print_status_rows(console, found.rows)
         if found.fits:
             console.print("the record fits this sglang and deployment")
         else:

@@ -40,6 +40,7 @@ from npudoctor.deployment import limits
 from npudoctor.deployment.facts import NO_DEPLOYMENT, Facts, GivenArgument, ModelFacts, role_facts
 from npudoctor.deployment.ignores import Ignore, parse_yaml
 from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
+from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError, path_error, short_repr
 
 # Environment variables that change sglang's code paths on Ascend; read from the
@@ -107,7 +108,7 @@ def _env_pairs(pairs) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise InputError(f"--env {pair!r}: expected NAME=VALUE")
+            raise InputError(f"--env {redact_argv([pair])[0]!r}: expected NAME=VALUE")
         env[name] = value
     return _environment(env, "--env")
 

@@ -1,4 +1,8 @@
-"""Report formats. Each module renders the same ``Report`` object with ``render(report) -> str``."""
+"""Report formats. Each module renders the same ``Report`` object with ``render(report) -> str``.
+
+``FORMATS`` is the one list of them: ``check --format`` and ``advise --format`` offer these, and the
+fuzz and hardening suites render every one (a test fails when a module here renders a ``Report``
+and is not in it)."""
 
 from __future__ import annotations
 

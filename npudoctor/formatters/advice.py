@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from npudoctor.formatters import FORMATS as FORMATS  # advise renders every format check does
 from npudoctor.formatters import github, junit, markdown, sarif
 from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
 from npudoctor.results import Status
@@ -28,7 +29,6 @@ from npudoctor.service.advise import Advice, Row, cell
 from npudoctor.service.planning import UserOptions, hint
 from npudoctor.terminal import TerminalConsole
 
-FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
 _SHORT = {
     Status.PASS: "pass",
     Status.SKIP: "skip",

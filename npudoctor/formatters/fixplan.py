@@ -5,7 +5,7 @@ One line per fix: id, action (apply, not needed, refused), safety, and what it r
 or why not (the others), cut to the width. Under each fix marked apply or refused: the reason,
 word-wrapped; the functions it replaces; where the replacements come from, the pull request's
 URL whole on its own line. ``verbose``: the same for every fix, and the sglang releases whose
-code the fix matched.
+code the fix matched. ``--status``'s rows likewise: a site's name is never split.
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ def _details(p, verbose: bool) -> list[RenderableType]:
     if verbose and p.decision.release:
         parts.append(Para(f"matches the code of sglang {p.decision.release}", indent=indent))
     return parts
+
+
+def print_status_rows(console: Console, rows: Sequence) -> None:
+    """``fix --status``'s rows (``planning.SiteStatus``): id, state, and the detail word-wrapped under
+    its column; a site (``module:Class.method``) wider than the rest of the line stays whole."""
+    cells = [([row.fix_id, Text(row.state, style="bold")], row.detail) for row in rows]
+    print_whole(console, Rows(cells, wrap=True, indent=2))
 
 
 def print_apply_hint(console: Console, planned: Sequence, apply_command: str) -> None:

@@ -3,8 +3,8 @@ annotates the run (and, with a location, the file and line) without any extra ac
 
 One ``::error``/``::warning`` line per fail/error/warn result (``::notice`` instead when
 an ignore entry covers it; pass and skip get no line), then one plain summary line. Values are escaped as the Actions
-runner expects (``%``, CR, LF in the message; additionally ``:`` and ``,`` in
-properties): an unescaped newline would end the command early and let check text
+runner expects (``%`` and LF in the message, other controls as the text report shows them;
+additionally ``:`` and ``,`` in properties): an unescaped newline would end the command early and let check text
 inject workflow commands of its own. ``write_step_summary`` appends the Markdown table
 to ``$GITHUB_STEP_SUMMARY`` for the job summary page.
 
@@ -16,20 +16,21 @@ wheel checked in CI), they are made relative to the workspace, so GitHub links t
 from __future__ import annotations
 
 import os
-import re
 
 from npudoctor.formatters import markdown
 from npudoctor.results import Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
+from npudoctor.terminal import printable
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
-# Controls other than CR/LF (which are escaped) only garble the log, or act on the terminal that
-# shows it (C1's CSI, U+009B, is ESC [ to an 8-bit terminal); they are dropped.
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def escape_data(value: object) -> str:
-    return _CONTROL.sub("", str(value)).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """``value`` for a workflow command: control characters but newline shown escaped as the text
+    report shows them (``npudoctor.terminal.printable``: a CR, C1's CSI or a bidirectional override
+    would act on the log viewer or reorder what it shows), then ``%`` and newline as the runner
+    reads them (an unescaped newline would end the command)."""
+    return printable(str(value)).replace("%", "%25").replace("\n", "%0A")
 
 
 def escape_property(value: object) -> str:

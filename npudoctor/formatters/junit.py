@@ -5,8 +5,11 @@ The output validates against the Jenkins xunit-plugin ``junit-10.xsd`` (the most
 widely accepted JUnit dialect): ``fail`` becomes ``<failure>``, ``error`` becomes
 ``<error>``, ``skip`` and ignored results become ``<skipped>``, and ``warn`` passes with
 its evidence in ``<system-out>`` (a warning must not turn the build red by itself).
-Characters XML 1.0 cannot carry (most C0 controls) are stripped, since no escape
-exists for them and a single one would make the whole file unparsable.
+Control characters of the text (C0 but tab and newline, CR included, DEL, C1, and Unicode's
+bidirectional controls) are shown escaped (``\\r``, ``\\u202e``), as the text report shows them
+(``npudoctor.terminal.printable``): a test report viewer would otherwise act on them. What XML 1.0
+cannot carry at all besides (lone surrogates, U+FFFE) is stripped, since no escape exists for it
+and a single one would make the whole file unparsable.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import xml.etree.ElementTree as ET
 
 from npudoctor.results import Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
+from npudoctor.terminal import printable
 
 # Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:
 # U+009B is ESC [ to an 8-bit terminal that shows the file).
@@ -23,7 +27,7 @@ _ILLEGAL_XML = re.compile("[^\t\n\r\u0020-\u007e\u00a0-\ud7ff\ue000-\ufffd\U0001
 
 
 def clean(text: object) -> str:
-    return _ILLEGAL_XML.sub("", str(text))
+    return _ILLEGAL_XML.sub("", printable(str(text)))
 
 
 def render(report: Report, user: UserOptions | None = None) -> str:

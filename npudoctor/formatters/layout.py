@@ -26,12 +26,16 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.segment import Segment
 from rich.text import Text
 
+from npudoctor.terminal import printable
+
 ELLIPSIS = "..."
 MIN_TEXT_WIDTH = 20  # below this, wrapping stops following the width
 
 
 def _text(value: str | Text, style: str = "") -> Text:
-    return value.copy() if isinstance(value, Text) else Text(value, style=style)
+    """``value`` as ``Text``; a string's control characters escaped first (``printable``: ``Text``
+    would drop a CR silently, and the console escapes the others later anyway)."""
+    return value.copy() if isinstance(value, Text) else Text(printable(value), style=style)
 
 
 def _line(*parts: str | Text) -> Text:

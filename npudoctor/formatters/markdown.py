@@ -3,7 +3,9 @@ job summary (``table`` is what the github formatter appends to ``$GITHUB_STEP_SU
 
 Check text comes from sglang source and deployment files, so it is escaped before it
 lands in Markdown: ``|`` and line breaks would otherwise split table cells and rows,
-and ``<``/``&`` would otherwise be read as HTML by GitHub's renderer.
+and ``<``/``&`` would otherwise be read as HTML by GitHub's renderer. Control characters (CR,
+C1, Unicode's bidirectional controls that reorder what a reader sees) are shown escaped
+(``\\u202e``), as the text report shows them (``npudoctor.terminal.printable``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import re
 
 from npudoctor.results import Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
-
-# C0/C1 controls other than tab and newlines carry nothing in Markdown and confuse renderers.
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+from npudoctor.terminal import printable
 
 
 def render(report: Report, user: UserOptions | None = None) -> str:
@@ -67,8 +67,8 @@ def _status(result: Result) -> str:
 
 
 def _text(value: object) -> str:
-    """Inline text: controls dropped, HTML-significant characters as entities."""
-    text = _CONTROL.sub("", str(value))
+    """Inline text: controls escaped, HTML-significant characters as entities."""
+    text = printable(str(value))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
@@ -85,7 +85,7 @@ def _inline(value: object) -> str:
 
 def _code(value: object) -> str:
     """A code span holding ``value`` verbatim (fence longer than any backtick run inside)."""
-    text = " ".join(_CONTROL.sub("", str(value)).splitlines())
+    text = " ".join(printable(str(value)).splitlines())
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""

@@ -9,7 +9,8 @@ live depth's cost and the closing counts. ``verbose`` gives every result's detai
 live depth's full statistics.
 
 Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
-or the ``npudoctor fix`` command stays whole, on a line of its own when it must.
+or the ``npudoctor fix`` command stays whole, on a line of its own when it must. A catalog
+workaround's launch command is a command too: on a line of its own, whole.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import Evidence, Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
 STYLE = {
@@ -193,7 +195,10 @@ def _details(result: Result, user: UserOptions, verbose: bool) -> list[Renderabl
         elif fix.unfixed_as_of:
             parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
         if fix.advice and (verbose or not fix.fix_id):  # the fix: line and release say it in short
-            parts.append(Para(fix.advice, indent=INDENT))
+            advice, command = command_of(fix.advice)
+            parts.append(Para(advice, indent=INDENT))
+            if command:  # a catalog workaround's launch command: to paste, whole
+                parts.append(Whole(command, indent=INDENT))
     return parts
 
 

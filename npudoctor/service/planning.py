@@ -442,8 +442,8 @@ LAUNCH_TEMPLATE = ("python", "-m", "sglang.launch_server", "...")
 class UserOptions:
     """The user's own options that a hint repeats (``npudoctor fix --select NPD001 <these>``): the
     target, the deployment, the depth and ``fix``'s ``--site``; the launch command goes last, after
-    ``--`` (``hint``). Secret values are redacted (``HF_TOKEN=***``, ``--api-key ***``), as
-    everywhere in a report."""
+    ``--`` (``hint``). Secret values are redacted for the shell (``redact_argv(..., for_shell=True)``):
+    the hint refers to a variable for each (``--api-key "${API_KEY:?redacted}"``), never ``***``."""
 
     target: tuple[str, ...] = ()  # --sglang-path DIR
     deployment: tuple[str, ...] = ()  # --config, --model-path and its flags, --isolated
@@ -461,7 +461,8 @@ class UserOptions:
         source = str(report.deployment.get("source", ""))
         deployment = ("--config", source[len("yaml:") :]) if source.startswith("yaml:") else ()
         depth = report.depth if report.depth != "auto" else None
-        return cls(target=tuple(redact_argv(target)), deployment=tuple(redact_argv(deployment)), depth=depth)
+        target, deployment = redact_argv(target, for_shell=True), redact_argv(deployment, for_shell=True)
+        return cls(target=tuple(target), deployment=tuple(deployment), depth=depth)
 
 
 def hint(command: str, *own: str, user: UserOptions | None = None, deployment: bool = True) -> str:

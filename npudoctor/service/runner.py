@@ -65,10 +65,10 @@ class CheckRequest:
             deployment.append("--isolated")
         target = ["--sglang-path", str(self.sglang_path)] if self.sglang_path is not None else []
         return UserOptions(
-            target=tuple(redact_argv(target)),
-            deployment=tuple(redact_argv(deployment)),
+            target=tuple(redact_argv(target, for_shell=True)),
+            deployment=tuple(redact_argv(deployment, for_shell=True)),
             depth=self.depth if self.depth != default_depth else None,
-            launch_command=tuple(redact_argv(self.launch_command)),
+            launch_command=tuple(redact_argv(self.launch_command, for_shell=True)),
         )
 
 

@@ -4,7 +4,10 @@ A record's remedy may name server arguments and environment variables that avoid
 (``--page-size 128``). The finding says it with the user's own input, so that it can be pasted:
 the launch command after ``--`` rewritten (the flag's value replaced where the command passes it,
 else added; the variables as ``NAME=value`` prefixes), or the YAML keys to set for each role the
-defect bites, or the flags. Every word is quoted for a shell (``npudoctor.terminal.shell_join``).
+defect bites, or the flags. Every word is quoted for a shell (``npudoctor.terminal.shell_join``), a
+secret of the launch command as a variable reference (``npudoctor.deployment.redact``); the YAML's
+path is redacted as any value is. The launch command comes last, after ``COMMAND_LEAD``, so that
+the text report can print it whole (``command_of``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from npudoctor.deployment.redact import redact_argv
+from npudoctor.deployment.redact import redact_argv, redact_value
 from npudoctor.results import Result
 from npudoctor.terminal import shell_join
+
+COMMAND_LEAD = "your launch command with it: "
+
+
+def command_of(advice: str) -> tuple[str, str]:
+    """``advice`` (a remediation's) apart: the text before the workaround's launch command and the
+    command (empty when it names none)."""
+    text, lead, command = advice.partition(COMMAND_LEAD)
+    return (text + lead.rstrip(), command) if command else (advice, "")
 
 
 def flag_of(name: str) -> str:
@@ -60,15 +72,15 @@ def workaround_text(
     """The workaround in the user's form: their launch command rewritten, the YAML keys per role,
     or the flags and variables."""
     if launch_command:
-        return "your launch command with it: " + shell_join(
-            redact_argv(rewritten_command(launch_command, flags, env))
+        return COMMAND_LEAD + shell_join(
+            redact_argv(rewritten_command(launch_command, flags, env), for_shell=True)
         )
     if config is not None:
         keys = [f"server_args.{k}: {_text(v)}" for k, v in flags.items()] + [
             f"env.{k}: {v}" for k, v in env.items()
         ]
         where = ", ".join(f"roles.{r}" for r in roles) or "each role"
-        return f"in {config}, under {where}: set " + "; ".join(keys)
+        return f"in {redact_value(config)}, under {where}: set " + "; ".join(keys)
     words = [
         w
         for k, v in flags.items()

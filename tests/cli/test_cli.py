@@ -11,6 +11,7 @@ import pytest
 
 import npudoctor.service.runner
 from npudoctor.engine.catalog import all_records
+from npudoctor.formatters import FORMATS
 from npudoctor.results import SCHEMA_VERSION
 
 from support.repo import EXAMPLES, REPO
@@ -231,7 +232,7 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
     base = ("check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--format")
     outputs = {}
-    for name in ("text", "json", "junit", "sarif", "github", "markdown"):
+    for name in FORMATS:
         code, out, _ = cli(*base, name, "--output", tmp_path / f"report.{name}")
         assert code == 1 and out == ""
         outputs[name] = (tmp_path / f"report.{name}").read_text()

@@ -134,7 +134,7 @@ def test_junit_elements_per_status(junit_xml):
     assert fail.get("name") == "NPD001 KV pool | sizing"
     (failure,) = fail.findall("failure")
     assert failure.get("type") == "fail"
-    assert failure.get("message").startswith("pool too small: a|b\nc <tag> & d")
+    assert failure.get("message").startswith("pool too small: a|b\nc <tag> & \\x01d")  # shown escaped
     for needle in (
         "size >= 2 & aligned",
         "size < 2\nline two",
@@ -167,10 +167,10 @@ def test_junit_elements_per_status(junit_xml):
     assert ignored_skip.get("message") == "ignored: accepted risk, ticket 42"
 
 
-def test_junit_strips_control_characters(junit_xml):
+def test_junit_escapes_control_characters(junit_xml):
     assert "\x01" not in junit_xml
     ET.fromstring(junit_xml.encode("utf-8"))  # would raise on an illegal character
-    assert "&lt;tag&gt; &amp; d" in junit_xml
+    assert "&lt;tag&gt; &amp; \\x01d" in junit_xml  # as the text report shows it
 
 
 # --- SARIF ------------------------------------------------------------------------------------------
@@ -240,8 +240,9 @@ def test_sarif_locations_and_message(sarif_log):
 
 
 def test_github_escaping():
-    assert github.escape_data("100%\r\nx: a,b") == "100%25%0D%0Ax: a,b"
-    assert github.escape_property("100%\r\nx: a,b") == "100%25%0D%0Ax%3A a%2Cb"
+    # a CR is shown escaped, as the text report shows it; the newline is the runner's %0A
+    assert github.escape_data("100%\r\nx: a,b") == "100%25\\r%0Ax: a,b"
+    assert github.escape_property("100%\r\nx: a,b") == "100%25\\r%0Ax%3A a%2Cb"
 
 
 def test_github_annotations():
@@ -252,7 +253,7 @@ def test_github_annotations():
         "::error file=sglang/srt/mem_cache/memory_pool.py,line=123,title=NPD001 KV pool | sizing::"
     )
     # The message stays on one line: newlines and % escaped, ':' and ',' left alone in data.
-    assert "pool too small: a|b%0Ac <tag> & d%0A" in fail
+    assert "pool too small: a|b%0Ac <tag> & \\x01d%0A" in fail
     assert "\x01" not in github.render(REPORT)
     assert (
         "%0Aexpected: no copy; observed: copies: a, b at sglang/srt/model_executor/model_runner.py:45" in fail
@@ -291,7 +292,9 @@ def test_markdown_table_escapes_cells():
     assert lines[0] == "## npudoctor: sglang 0.5.1 at `/opt/site-packages/sglang`"
     assert "| Check | Status | Summary |" in lines
     row = next(line for line in lines if "NPD001" in line)
-    assert row == (r"| **NPD001** KV pool \| sizing | FAIL | pool too small: a\|b<br>c &lt;tag&gt; &amp; d |")
+    assert row == (
+        r"| **NPD001** KV pool \| sizing | FAIL | pool too small: a\|b<br>c &lt;tag&gt; &amp; \x01d |"
+    )
     # Every row has exactly the three columns: only the separators are unescaped pipes.
     for line in lines[lines.index("| Check | Status | Summary |") :]:
         assert line.replace("\\|", "").count("|") == 4, line

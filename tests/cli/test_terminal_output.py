@@ -325,8 +325,10 @@ def test_a_pass_with_a_note_shows_the_note(cli, release, monkeypatch):
 
 # -- every command: a path or URL the wide rendering shows is whole in the narrow one --------------
 
+# a path, a URL, or a site a fix replaces (``module:Class.method``, as ``fix --status`` names it)
 PATH_OR_URL = re.compile(
     r"https?://[^\s)]+|(?:\.{0,2}/)?[\w.\-]+(?:/[\w.\-]+)+\.(?:py|yaml|json)(?::\d+)?|/[\w.\-]+(?:/[\w.\-]+)+"
+    r"|sglang(?:\.\w+)+:\w+(?:\.\w+)*"
 )
 
 

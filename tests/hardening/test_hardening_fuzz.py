@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 import npudoctor.service.runner
 from npudoctor.cli import main
+from npudoctor.formatters import FORMATS
 from npudoctor.target.discovery import discover
 
 from support.repo import EXAMPLES as EXAMPLE_DIR
@@ -45,7 +46,6 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 CHECK_IDS = ("NPD001", "NPD002", "NPD003", "NPD004", "NPD005")
 MODEL_DIR = EXAMPLE_DIR / "models" / "deepseek-v3"
 
@@ -631,3 +631,32 @@ def test_values_of_sglang_own_parser_become_plain_data():
     assert role["server_args"]["weird"].startswith("<object object")
     assert role["pp_size"] == 2 and role["unknown_args"] == ["--api-key", "***"]
     json.dumps(facts.to_dict())
+
+
+def test_every_module_that_renders_a_report_is_a_format_the_suites_cover():
+    """The fuzz and hardening suites draw their formats from ``npudoctor.formatters.FORMATS``: a
+    module of ``npudoctor/formatters/`` whose ``render`` takes a ``Report`` is in it (a new format
+    cannot escape them), and ``check`` and ``advise`` offer exactly those."""
+    import importlib
+    import inspect
+    import pkgutil
+    import typing
+
+    import npudoctor.formatters
+    from npudoctor.cli.advise_command import AdviseFormat
+    from npudoctor.cli.check_command import Format
+    from npudoctor.formatters import advice
+    from npudoctor.results import Report
+
+    renders_a_report = set()
+    for module_info in pkgutil.iter_modules(npudoctor.formatters.__path__):
+        module = importlib.import_module(f"npudoctor.formatters.{module_info.name}")
+        render = getattr(module, "render", None)
+        if render is None or not inspect.isfunction(render):
+            continue
+        first = next(iter(inspect.signature(render).parameters))
+        if typing.get_type_hints(render).get(first) is Report:
+            renders_a_report.add(module_info.name)
+    assert renders_a_report == set(FORMATS)
+    assert advice.FORMATS is FORMATS
+    assert {f.value for f in Format} == {f.value for f in AdviseFormat} == set(FORMATS)

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from npudoctor.deployment.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+from npudoctor.formatters import FORMATS
 
 from support.repo import EXAMPLES
 
-FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 MODEL = EXAMPLES / "models" / "deepseek-v3"
 
 # name -> a value unique enough that finding it anywhere means it leaked
@@ -36,11 +38,31 @@ ENV_SECRETS = {
     "SGLANG_API_KEY": "leak-sglang-api-key-5e9c",
     "ASCEND_AUTH_COOKIE": "leak-ascend-cookie-8f4a",
     "mooncakeSessionToken": "leak-camel-token-3d6b",
+    "MY_CREDS": "leak-my-creds-0c1d",
+    "ASCEND_PAT": "leak-ascend-pat-2e3f",
+    "SGLANG_JWT": "leak-sglang-jwt-4a5b",
 }
+# a JSON Web Token: three base64url parts, the first two JSON objects ({"alg":"HS256"}, {"sub":"leak"})
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJsZWFrIn0.leakJwtSignature88bb"
 # values that leak whatever name they come under
 VALUE_SECRETS = {
     "HCCL_PROXY_URL": ("http://admin:leak-url-password-0a1b@proxy:3128", "leak-url-password-0a1b"),
     "ASCEND_MODEL_REPO": ("hf_leakLeakLeakLeakLeak0123456789", "hf_leakLeakLeakLeakLeak0123456789"),
+    "ASCEND_IDENTITY": (JWT, "leakJwtSignature88bb"),
+    "HCCL_UPSTREAM_HEADER": ("Authorization: Bearer leak-bearer-77aa", "leak-bearer-77aa"),
+    "HCCL_MIRROR_URL": ("https://leak-url-token-99cc@mirror.example/simple", "leak-url-token-99cc"),
+    "SGLANG_PEER": ("admin:leak-schemeless-pw-aadd@peer.example:8000", "leak-schemeless-pw-aadd"),
+    "ASCEND_BLOB_URL": ("https://blob.example/w?sig=leak-sig-bbee&creds=leak-creds-ccff", "leak-sig-bbee"),
+    "ASCEND_BLOB_URL2": ("https://blob.example/w?creds=leak-creds-ccff&v=1", "leak-creds-ccff"),
+}
+# each value-shaped secret as the reports show it: the secret gone, the rest kept
+VALUE_REDACTED = {
+    "ASCEND_IDENTITY": REDACTED,
+    "HCCL_UPSTREAM_HEADER": f"Authorization: Bearer {REDACTED}",
+    "HCCL_MIRROR_URL": f"https://{REDACTED}@mirror.example/simple",
+    "SGLANG_PEER": f"admin:{REDACTED}@peer.example:8000",
+    "ASCEND_BLOB_URL": f"https://blob.example/w?sig={REDACTED}&creds={REDACTED}",
+    "ASCEND_BLOB_URL2": f"https://blob.example/w?creds={REDACTED}&v=1",
 }
 ARG_SECRETS = {"--api-key": "leak-server-api-key-11aa", "--admin-api-key": "leak-admin-api-key-22bb"}
 # free text that ends up in every format: an ignore entry's reason
@@ -148,6 +170,7 @@ def test_yaml_env_and_server_args_are_redacted_in_every_format(
         assert shared[name] == REDACTED, name  # the channel reached the report, redacted
     assert shared["HCCL_PROXY_URL"] == f"http://admin:{REDACTED}@proxy:3128"
     assert shared["ASCEND_MODEL_REPO"] == REDACTED
+    assert {name: shared[name] for name in VALUE_REDACTED} == VALUE_REDACTED
     assert shared["ASCEND_USE_FIA"] == "1"  # not a secret: kept
     assert prefill["server_args"]["api_key"] == REDACTED
     assert json.loads(prefill["server_args"]["watermark_config"]) == {"key": REDACTED}
@@ -199,6 +222,8 @@ def test_npudoctor_env_redacts_the_process_environment(cli, secret_env):
     for name in ("HF_TOKEN", "SGLANG_API_KEY", "ASCEND_AUTH_COOKIE"):
         assert data[name] == REDACTED
     assert data["HCCL_PROXY_URL"] == f"http://admin:{REDACTED}@proxy:3128"
+    assert data["ASCEND_PAT"] == data["SGLANG_JWT"] == REDACTED
+    assert {name: data[name] for name in VALUE_REDACTED} == VALUE_REDACTED
 
 
 def test_fix_plan_record_and_run_plan_hold_no_secret(cli, release, tmp_path, secret_env):
@@ -257,6 +282,23 @@ def test_error_lines_do_not_echo_secrets(cli, release):
         ("HFTOKEN", True),
         ("api_key", True),
         ("admin-api-key", True),
+        ("MY_CREDS", True),
+        ("SERVICE_CRED", True),
+        ("ASCEND_PAT", True),
+        ("GITLAB_PAT", True),
+        ("SGLANG_JWT", True),
+        ("sessionJwt", True),
+        ("PROXY_BEARER", True),
+        ("HTTP_AUTH", True),
+        ("sig", True),
+        ("X-Goog-Signature", True),
+        ("MODEL_PATH", False),
+        ("PATH", False),
+        ("PYTHONPATH", False),
+        ("COMPAT_MODE", False),
+        ("SIGNAL_TIMEOUT", False),
+        ("ASCEND_DESIGN", False),
+        ("author", False),
         ("ASCEND_USE_FIA", False),
         ("max_prefill_tokens", False),
         ("tokenizer_path", False),
@@ -267,6 +309,50 @@ def test_error_lines_do_not_echo_secrets(cli, release):
 )
 def test_secret_names(name, secret):
     assert is_secret_name(name) is secret
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (JWT, REDACTED),
+        (f"token {JWT} expired", f"token {REDACTED} expired"),
+        ("Authorization: Bearer abc.def-123", f"Authorization: Bearer {REDACTED}"),
+        ("bearer abc123", f"bearer {REDACTED}"),
+        ("Authorization: Basic dXNlcjpwdw==", f"Authorization: Basic {REDACTED}"),
+        ("Authorization: abc123", f"Authorization: {REDACTED}"),
+        ("https://ghtoken123@github.com/o/r.git", f"https://{REDACTED}@github.com/o/r.git"),
+        ("https:/tok@h/m", f"https:/{REDACTED}@h/m"),  # a path argument folded the URL
+        ("admin:pw123@proxy:3128", f"admin:{REDACTED}@proxy:3128"),
+        ("--peer=admin:pw123@10.0.0.1:8000", f"--peer=admin:{REDACTED}@10.0.0.1:8000"),
+        ("https://h/x?sig=abc&se=2026", f"https://h/x?sig={REDACTED}&se=2026"),
+        ("https://h/x?creds=abc", f"https://h/x?creds={REDACTED}"),
+    ],
+)
+def test_secret_value_shapes(value, shown):
+    assert redact_value(value) == shown
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/models/deepseek-v3",
+        "/data/eyJ-weights/model.safetensors",
+        "128",
+        "0.5",
+        "1:2:3",
+        "10.0.0.1:8000",
+        "ascend/sglang:0.5.12@sha256:0123abcd",
+        "sglang:0.5.12@sha256:0123abcd",
+        "user@example.com",
+        "git@github.com:o/r.git",
+        "https://h/x?max_tokens=5&page=2",
+        "bearer of bad news",
+        "a.b.c",
+        "deepseek-ai/DeepSeek-V3",
+    ],
+)
+def test_ordinary_values_are_kept(value):
+    assert redact_value(value) == value
 
 
 def test_redaction_primitives():
@@ -348,9 +434,6 @@ def test_fix_plan_and_record_of_a_launch_command_hold_no_json_secret(cli, releas
     assert_clean(out, err)
 
 
-ADVISE_FORMATS = ("text", "json", "markdown", "junit", "sarif", "github")
-
-
 def test_advise_reports_hold_no_secret(cli, release, tmp_path, monkeypatch):
     """``advise`` (offline: a tree of one's own) reports each release as ``check`` does: no secret
     from the deployment in any of its formats, nor in its step summary."""
@@ -358,7 +441,7 @@ def test_advise_reports_hold_no_secret(cli, release, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     command = launch_command(*JSON_FLAGS, "--api-key", ARG_SECRETS["--api-key"])
     args = ("--sglang-path", release("0.5.12"), "--select", "NPD", "--depth", "static")
-    for fmt in ADVISE_FORMATS:
+    for fmt in FORMATS:
         code, out, err = cli("advise", "--format", fmt, *args, "--", *command)
         assert code in (0, 1), err
         assert_clean(out, err)
@@ -494,7 +577,176 @@ def test_terminal_primitives():
     assert printable("a\x1b]0;t\x07b\rc\x9bd\u202ee\tf\ng") == "a\\x1b]0;t\\x07b\\rc\\x9bd\\u202ee\tf\ng"
     assert printable("[bold]plain[/bold] /path") == "[bold]plain[/bold] /path"
     assert shell_join(["npudoctor", "it's", "A=x\x1b[2J"]) == "npudoctor 'it'\"'\"'s' $'A=x\\x1b[2J'"
+    # a secret redacted for the shell is a variable reference; the same text from a user is quoted
+    marked = redact_argv(["HF_TOKEN=t", "--api-key", "k", '--x={"token": "t"}'], for_shell=True)
+    assert shell_join(marked) == (
+        'HF_TOKEN="${HF_TOKEN:?redacted}" --api-key "${API_KEY:?redacted}" '
+        '\'--x={"token": "\'"${TOKEN:?redacted}"\'"}\''
+    )
+    assert shell_join(['"${API_KEY:?redacted}"']) == "'\"${API_KEY:?redacted}\"'"
     started = time.perf_counter()  # a megabyte of controls: str.translate, no Python call per character
     printable("\x1b" * 1_000_000)
     shell_join(["\x1b" * 1_000_000])
     assert time.perf_counter() - started < 2.0
+
+
+def test_a_malformed_env_flag_does_not_echo_its_value(cli, release):
+    """``--env 'DB_PASSWORD hunter2'`` (a space for the ``=``) is refused in one line that names the
+    variable and not its value."""
+    for pair in (f"DB_PASSWORD {ENV_SECRETS['DB_PASSWORD']}", f"DB_PASSWORD:{ENV_SECRETS['DB_PASSWORD']}"):
+        code, out, err = cli(
+            "check", "--sglang-path", release("0.5.12"), "--model-path", MODEL, "--env", pair
+        )
+        assert code == 2 and "DB_PASSWORD" in err and "expected NAME=VALUE" in err, err
+        assert_clean(out, err)
+
+
+def pasted_words(line: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """What bash makes of ``line`` pasted as the arguments of a command, in ``env``: one word a NUL."""
+    return subprocess.run(
+        ["bash", "-c", f'for word in {line}; do printf "%s\\0" "$word"; done'],
+        capture_output=True,
+        env={"PATH": os.environ["PATH"], **env},
+    )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to read the pasted command")
+def test_a_command_to_paste_refers_to_a_secret_it_does_not_show(cli, release):
+    """A redacted secret in a printed command is a variable reference the shell refuses while the
+    variable is unset (``"${API_KEY:?...}"``), never ``***``: pasted as it was printed, ``--api-key
+    '***'`` would start sglang with the key ``***``. With the variables set, the command gets them."""
+    command = [
+        f"HF_TOKEN={ENV_SECRETS['HF_TOKEN']}",
+        *launch_command("--disaggregation-mode", "decode", "--api-key", ARG_SECRETS["--api-key"]),
+    ]
+    code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--", *command)
+    assert code == 1, err
+    assert_clean(out, err)
+    line = next(line for line in out.splitlines() if line.strip().startswith("fix: npudoctor fix"))
+    pasted = line.strip().removeprefix("fix: ")
+    assert "'***'" not in pasted and REDACTED not in pasted, pasted
+    refused = pasted_words(pasted, {})
+    assert refused.returncode != 0 and refused.stdout == b"", refused  # unset: the shell runs nothing
+    names = re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?", pasted)
+    assert "HF_TOKEN" in names and len(names) == 2, pasted
+    values = {name: f"value-of-{name}" for name in names}
+    words = pasted_words(pasted, values).stdout.decode().split("\0")
+    assert "HF_TOKEN=value-of-HF_TOKEN" in words, words
+    (key_name,) = set(names) - {"HF_TOKEN"}
+    assert words[words.index("--api-key") + 1] == values[key_name], words
+
+
+PAGE_SIZE_RELEASE = "0.5.23"  # ships NPC011 (--page-size not a multiple of 16), tests/data/catalog
+
+
+def page_size_model(directory: Path) -> Path:
+    model = directory / "model-with-a-directory-name-long-enough-to-reach-the-end-of-the-line"
+    model.mkdir()
+    config = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 128}  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_catalog_workaround_does_not_echo_a_token_in_the_config_path(cli, release, tmp_path):
+    token = "ghp_leakLeakLeakLeakLeakLeak0123456789"
+    folder = tmp_path / token
+    folder.mkdir()
+    config = folder / "deploy.yaml"
+    model = page_size_model(tmp_path)
+    config.write_text(
+        json.dumps({"model": {"path": str(model)}, "roles": {"server": {"server_args": {"page_size": 1}}}})
+    )
+    tree = release(PAGE_SIZE_RELEASE)
+    for fmt in FORMATS:
+        code, out, err = cli(
+            "check", "--sglang-path", tree, "--select", "NPC011", "--config", config, "--format", fmt
+        )
+        assert code == 1, err
+        assert token not in out and token not in err, out
+        if fmt == "json":
+            advice = json.loads(out)["results"][0]["remediation"]["advice"]
+            assert "server_args.page_size: 128" in advice and f"{REDACTED}/deploy.yaml" in advice, advice
+
+
+def test_the_workaround_command_is_printed_whole(cli, release, tmp_path, monkeypatch):
+    """The catalog workaround's launch command (the user's own, rewritten) is a command to paste:
+    at 80 columns it is on one line, whole, not wrapped after ``--model-path``."""
+    model = page_size_model(tmp_path)
+    command = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--page-size",
+        "1",
+        "--tp",
+        "2",
+    ]
+    args = ("check", "--sglang-path", release(PAGE_SIZE_RELEASE), "--select", "NPC011")
+    code, out, err = cli(*args, "--format", "json", "--", *command)
+    advice = json.loads(out)["results"][0]["remediation"]["advice"]
+    pasted = advice.partition("your launch command with it: ")[2]
+    assert pasted.startswith("python -m sglang.launch_server --model-path "), advice
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli(*args, "--", *command)
+    assert code == 1, err
+    assert any(line.strip() == pasted for line in out.splitlines()), out
+
+
+def test_fix_status_keeps_each_site_whole(cli, release, tmp_path, monkeypatch):
+    """``fix --status`` at 80 columns: a stale fix's sites (``module:Class.method``, wider than what
+    is left of the line) are each on one line, whole."""
+    site = tmp_path / "site"
+    site.mkdir()
+    config = EXAMPLES / "deepseek-v3-pd.yaml"
+    code, _, err = cli(
+        "fix", "--apply", "--site", site, "--sglang-path", release("0.5.12"), "--config", config
+    )
+    assert code == 0, err
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli(
+        "fix", "--status", "--site", site, "--sglang-path", release("0.5.13"), "--config", config
+    )
+    assert code == 1 and "stale" in out, err
+    monkeypatch.setenv("COLUMNS", "400")
+    _, wide, _ = cli(
+        "fix", "--status", "--site", site, "--sglang-path", release("0.5.13"), "--config", config
+    )
+    sites = set(re.findall(r"sglang(?:\.\w+)+:\w+(?:\.\w+)*", wide))
+    assert sites, wide
+    lines = out.splitlines()
+    assert [s for s in sorted(sites) if not any(s in line for line in lines)] == [], out
+    assert [line for line in lines if len(line) > 80 and not any(s in line for s in sites)
+            and "npudoctor fix" not in line and str(site) not in line] == []  # fmt: skip
+
+
+# a carriage return (overwrites what a terminal or log viewer showed) and a right-to-left override
+# (reorders what is shown: "Trojan Source"), in text the user wrote
+SNEAKY = "before\rafter\u202edesrever"
+
+
+def test_cr_and_bidi_controls_are_escaped_in_every_format(cli, release, tmp_path, monkeypatch):
+    """An ignore entry's reason and an environment value with CR and U+202E: no format holds either
+    raw (JUnit stays valid XML); the formats people read show them escaped, as the text does."""
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    config = tmp_path / "sneaky.yaml"
+    data = {
+        "model": {"path": str(MODEL)},
+        "env": {"SGLANG_NOTE": SNEAKY},
+        "roles": {"decode": {"server_args": {"disaggregation_transfer_backend": SNEAKY}}},
+        "ignore": [{"id": "NPD001", "until": "2999-12-31", "reason": SNEAKY}],
+    }
+    config.write_text(json.dumps(data))
+    for fmt in FORMATS:
+        code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--config", config, "--format", fmt)
+        assert code in (0, 1), err
+        raw = [c for c in ("\r", "\u202e") if c in out]
+        assert not raw, f"{fmt}: raw {raw} in:\n{out[:3000]!r}"
+        if fmt == "junit":
+            ET.fromstring(out)
+        if fmt in ("text", "junit", "markdown", "github"):
+            assert r"before\rafter\u202edesrever" in out, f"{fmt}:\n{out[:3000]}"
+    assert "\u202e" not in summary.read_text() and "\r" not in summary.read_text()

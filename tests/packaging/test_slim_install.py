@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from npudoctor.formatters import FORMATS
+
 from support.repo import EXAMPLES, source_copy
 
 pytestmark = pytest.mark.slow  # builds a venv and installs into it (~1 min)
-FORMATS = ("text", "json", "junit", "sarif", "github", "markdown")
 
 
 @pytest.fixture(scope="module")
