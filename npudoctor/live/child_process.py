@@ -1,8 +1,9 @@
 """The live depth: import the target's real sglang modules and run the probed code.
 
-Live probes run in a child interpreter (``python -m npudoctor.live.child_process``), one per
-``npudoctor check`` run, for three reasons: the target may be a tree that is not the
-installed sglang (it goes first on the child's ``sys.path``); importing sglang and the
+Live probes run in a child interpreter (``npudoctor.live.child_process`` run as ``python -m``
+would, isolated from the working directory: ``npudoctor.interpreters``), one per ``npudoctor
+check`` run, for three reasons: the target may be a tree that is not the installed sglang (it
+goes first on the child's ``sys.path``); importing sglang and the
 NPU stand-ins must not leak into the caller's interpreter; and a crash or a runaway
 allocation in sglang code ends the child, not the report. The child gets the facts and
 the check ids as a pickle on stdin and answers with a pickle of ``Probe`` objects (or the
@@ -27,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from npudoctor import interpreters
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.results import Status
@@ -88,15 +90,22 @@ def start(
     if not readiness.runs:  # a slim or minimal install: the static depth is all there is
         return LiveRun(LiveOutcome(unavailable=readiness.reason()))
     env = dict(os.environ)
-    if target.source == "path":
-        env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = import_paths(target, env)
     if _pool is not None:
 
         def fresh() -> LiveRun:
-            return _spawn(target, facts, ids, on_step, fixes, env)
+            return _spawn(target, facts, ids, on_step, fixes, env, paths)
 
-        return _pool.start(str(target.root), ids, fixes or {}, facts, env, on_step, fresh)
-    return _spawn(target, facts, ids, on_step, fixes, env)
+        return _pool.start(str(target.root), paths, ids, fixes or {}, facts, env, on_step, fresh)
+    return _spawn(target, facts, ids, on_step, fixes, env, paths)
+
+
+def import_paths(target: Target, env: dict[str, str]) -> list[str]:
+    """The folders first on the live interpreter's ``sys.path``: the tree under test (unless it is
+    the installed sglang), then those of the user's ``PYTHONPATH`` (``npudoctor.interpreters``).
+    Each is one whole path: a tree at ``/x/col:on`` is not ``/x/col`` and ``on``."""
+    tree = [str(target.root)] if target.source == "path" else []
+    return tree + interpreters.user_import_paths(env)
 
 
 # Where live runs go instead of a fresh child each: None (``npudoctor check``: one run, one child)
@@ -119,8 +128,10 @@ def _spawn(
     on_step: Callable[[str], None] | None,
     fixes: dict[str, dict[str, str]] | None,
     env: dict[str, str],
+    paths: list[str],
 ) -> LiveRun:
-    """Start a fresh child interpreter for the run, the request on its stdin."""
+    """Start a fresh child interpreter for the run (isolated, ``paths`` first on its ``sys.path``),
+    the request on its stdin."""
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
         {
@@ -135,7 +146,7 @@ def _spawn(
     request_read, request_write = os.pipe()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "npudoctor.live.child_process"],
+            interpreters.npudoctor_command("npudoctor.live.child_process", paths),
             stdin=request_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import signal
 import time
@@ -32,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudoctor import interpreters
 from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.results import Report, Status
 from npudoctor.service.planning import UserOptions
@@ -165,7 +165,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         # spawned, never forked from a process that may hold threads); auto/live: threads, each
         # live check runs in a child of its own anyway
         if request.check.depth == "static":
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=interpreters.spawn_context())
         else:
             pool = ThreadPoolExecutor(max_workers=jobs)
         try:

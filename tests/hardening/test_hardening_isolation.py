@@ -60,7 +60,7 @@ def run_from(workspace: Path, *args, env: dict | None = None, timeout: int = 900
     planted code ran in a process other than npudoctor's own (name -> pids)."""
     launcher = workspace.parent / "bin" / "npudoctor"
     launcher.parent.mkdir(exist_ok=True)
-    launcher.write_text("import sys\nfrom npudoctor.cli import main\nsys.exit(main())\n")
+    launcher.write_text("import sys\nfrom npudoctor.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
     this_npudoctor = str(Path(npudoctor.__file__).resolve().parents[1])  # the tree under test
     environment = {
         **os.environ,
@@ -107,7 +107,7 @@ def test_the_zygote_runs_nothing_from_the_working_directory(workspace, release, 
     monkeypatch.chdir(workspace)
     marks = workspace.parent / "marks"
     environment = {**os.environ, "PYTHONPATH": str(workspace.parent / "user-site")}
-    zygote._Zygote(str(release("0.5.13")), environment).close()  # it starts, sees no request, ends
+    zygote._Zygote(str(release("0.5.13")), [], environment).close()  # it starts, sees no request, ends
     assert sorted(p.name.rsplit("-", 1)[0] for p in marks.iterdir()) == []
 
 
