@@ -14,19 +14,23 @@ caller can show progress.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import gc
 import os
 import pickle
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from npudoctor import interpreters
 from npudoctor.deployment.facts import Facts
@@ -60,13 +64,42 @@ class LiveRun:
         outcome: LiveOutcome | None = None,
         child: subprocess.Popen | None = None,
         reader: threading.Thread | None = None,
+        scratch: str | None = None,
     ):
-        self._outcome, self._child, self._reader = outcome, child, reader
+        self._outcome, self._child, self._reader, self._scratch = outcome, child, reader, scratch
 
     def outcome(self) -> LiveOutcome:
         if self._outcome is None:
-            self._outcome = _answer(self._child, self._reader)
+            try:
+                self._outcome = _answer(self._child, self._reader)
+            finally:  # the child has ended, answered or not
+                remove_scratch(self._scratch)
         return self._outcome
+
+
+def new_scratch() -> str:
+    """A scratch directory for a live interpreter (``sealing.use_scratch``: the hubs' caches, the
+    probes' model), made here, in ``$TMPDIR``, and removed here (``remove_scratch``) once that
+    interpreter ended: one Ctrl-C or a kill ends it before any exit handler of its own would run.
+    Those this process has not removed when it exits go then."""
+    directory = tempfile.mkdtemp(prefix="npudoctor-live-")
+    _scratches.add(directory)
+    return directory
+
+
+def remove_scratch(directory: str | None) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+        _scratches.discard(directory)
+
+
+_scratches: set[str] = set()  # the scratch directories made here and not removed yet
+
+
+@atexit.register
+def _remove_scratches() -> None:
+    for directory in list(_scratches):
+        remove_scratch(directory)
 
 
 def start(
@@ -130,8 +163,8 @@ def _spawn(
     env: dict[str, str],
     paths: list[str],
 ) -> LiveRun:
-    """Start a fresh child interpreter for the run (isolated, ``paths`` first on its ``sys.path``),
-    the request on its stdin."""
+    """Start a fresh child interpreter for the run (isolated, ``paths`` first on its ``sys.path``,
+    a scratch directory of its caller's), the request on its stdin."""
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
         {
@@ -144,9 +177,10 @@ def _spawn(
     )
     reader = threading.Thread(target=_read_steps, args=(steps_read, on_step), daemon=True)
     request_read, request_write = os.pipe()
+    scratch = new_scratch()
     try:
         child = subprocess.Popen(
-            interpreters.npudoctor_command("npudoctor.live.child_process", paths),
+            interpreters.npudoctor_command("npudoctor.live.child_process", paths, scratch),
             stdin=request_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -156,6 +190,7 @@ def _spawn(
     except OSError as error:
         os.close(steps_read)
         os.close(request_write)
+        remove_scratch(scratch)
         return LiveRun(LiveOutcome(unavailable=f"the live run could not start: {error}"))
     finally:
         os.close(steps_write)
@@ -164,7 +199,7 @@ def _spawn(
     # the request goes now: the child imports sglang while the caller goes on
     with contextlib.suppress(BrokenPipeError), open(request_write, "wb", buffering=0) as pipe:
         pipe.write(request)  # a child that died at start breaks the pipe: its exit says why
-    return LiveRun(child=child, reader=reader)
+    return LiveRun(child=child, reader=reader, scratch=scratch)
 
 
 def _answer(child: subprocess.Popen, reader: threading.Thread) -> LiveOutcome:
@@ -324,6 +359,7 @@ def _child() -> int:
     from the model hubs and the network (``npudoctor.live.sealing``)."""
     from npudoctor.live import processstate, sealing
 
+    sealing.use_scratch(Path(sys.argv[1]))  # its caller's: removed however this process ends
     sealing.seal()  # before anything imports sglang, transformers or huggingface_hub
     request = pickle.loads(sys.stdin.buffer.read())
     # whatever sglang prints, from Python or from native code writing to fd 1, must not corrupt

@@ -69,8 +69,15 @@ def sealed() -> bool:
     return os.environ.get(NETWORK_ENV, "").strip().lower() != "host"
 
 
+def use_scratch(directory: Path) -> None:
+    """Make ``directory`` this live child's scratch directory: its caller made it and removes it once
+    the child ended, however it ended (a child killed runs no exit handler of its own)."""
+    _scratch[:] = [directory]
+
+
 def scratch() -> Path:
-    """npudoctor's scratch directory of this live child, created on first use, removed at its exit."""
+    """npudoctor's scratch directory of this live child (``use_scratch``), else one created on first
+    use and removed at its exit."""
     if not _scratch:
         directory = Path(tempfile.mkdtemp(prefix="npudoctor-live-"))
         owner = os.getpid()

@@ -248,12 +248,13 @@ def _copy(outcome: LiveOutcome) -> LiveOutcome:
 
 
 def _zygote() -> int:
-    """Entry point of a zygote: ``npudoctor.live.zygote SGLANG_ROOT STEPS_FD`` run in an isolated
-    interpreter (``npudoctor.interpreters``), requests on stdin, answers on stdout."""
+    """Entry point of a zygote: ``npudoctor.live.zygote SGLANG_ROOT STEPS_FD SCRATCH`` run in an
+    isolated interpreter (``npudoctor.interpreters``), requests on stdin, answers on stdout."""
     from npudoctor.live import processstate, sealing
 
-    sealing.seal()  # as a fresh child: before anything imports sglang, transformers or huggingface_hub
     root, steps_fd = sys.argv[1], int(sys.argv[2])
+    sealing.use_scratch(Path(sys.argv[3]))  # the caller's, for the whole tree of processes
+    sealing.seal()  # as a fresh child: before anything imports sglang, transformers or huggingface_hub
     upstream_in = os.dup(0)
     upstream_out = os.dup(1)
     os.dup2(2, 1)  # what sglang prints must not mix with the answers
@@ -282,11 +283,16 @@ class _Zygote:
     """The caller's end of one zygote: its process, its pipes, and the progress it reports."""
 
     def __init__(self, root: str, paths: list[str], env: dict[str, str]):
+        from npudoctor.live import child_process
+
         steps_read, steps_write = os.pipe()
         self.on_step: Callable[[str], None] | None = None
+        self.scratch = child_process.new_scratch()
         try:
             self.process = subprocess.Popen(
-                interpreters.npudoctor_command("npudoctor.live.zygote", paths, root, str(steps_write)),
+                interpreters.npudoctor_command(
+                    "npudoctor.live.zygote", paths, root, str(steps_write), self.scratch
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -336,6 +342,9 @@ class _Zygote:
                 self.process.wait(timeout=30)
         with contextlib.suppress(Exception):
             self.process.stdout.close()
+        from npudoctor.live import child_process
+
+        child_process.remove_scratch(self.scratch)
 
 
 class Pool:
@@ -376,7 +385,10 @@ class Pool:
             self.remembered += 1
             return _PooledRun(self, key, None, fresh, outcome)
         zygote = self._zygotes.pop(key, None)
-        if zygote is None or zygote.process.poll() is not None:
+        if zygote is not None and zygote.process.poll() is not None:
+            zygote.close()  # it died: its pipes and its scratch directory go
+            zygote = None
+        if zygote is None:
             zygote = _Zygote(root, paths, env)
         self._zygotes[key] = zygote
         while len(self._zygotes) > self.limit:

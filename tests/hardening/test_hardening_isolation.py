@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,13 +94,13 @@ def test_the_live_child_runs_nothing_from_the_working_directory(workspace, relea
     and the live depth still finds npudoctor, torch and the tree."""
     done, ran = run_from(
         workspace, "check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", DEEPSEEK,
-        "--select", "NPD002", "--format", "json", "--quiet",
+        "--select", "NPD006", "--format", "json", "--quiet",
     )  # fmt: skip
     assert ran == {}, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["live"]["ran"] is True, report["live"]
     [result] = report["results"]
-    assert (result["status"], result["depth"]) == (expected_status("0.5.13", "NPD002", "mla"), "live"), result
+    assert (result["status"], result["depth"]) == (expected_status("0.5.13", "NPD006", "mla"), "live"), result
 
 
 def test_the_zygote_runs_nothing_from_the_working_directory(workspace, release, monkeypatch):
@@ -148,20 +150,52 @@ def test_advise_downloads_with_pip_not_a_pip_py_of_the_working_directory(workspa
 @pytest.mark.slow
 def test_a_tree_whose_path_holds_the_path_separator_is_the_tree_imported(release, tmp_path):
     """``--sglang-path /x/col:on`` where ``/x/col`` is another release: the live depth imports
-    ``col:on``'s sglang (0.5.13, where NPD002's defect is fixed), not ``col``'s (0.5.9, where it is
-    not), and judges it under its own version."""
-    assert expected_status("0.5.9", "NPD002", "mla") != expected_status("0.5.13", "NPD002", "mla")
+    ``col:on``'s sglang (0.5.13, where NPD006's defect is fixed), not ``col``'s (0.5.12, where it
+    is not), and judges it under its own version."""
+    assert expected_status("0.5.12", "NPD006", "mla") != expected_status("0.5.13", "NPD006", "mla")
     folder = tmp_path / "x"
     folder.mkdir()
-    (folder / "col").symlink_to(release("0.5.9"))
+    (folder / "col").symlink_to(release("0.5.12"))
     (folder / f"col{os.pathsep}on").symlink_to(release("0.5.13"))
     this_npudoctor = str(Path(npudoctor.__file__).resolve().parents[1])
     done = subprocess.run(
         [sys.executable, "-m", "npudoctor", "check", "--depth", "live", "--sglang-path", folder / f"col{os.pathsep}on",
-         "--config", DEEPSEEK, "--select", "NPD002", "--format", "json", "--quiet"],
+         "--config", DEEPSEEK, "--select", "NPD006", "--format", "json", "--quiet"],
         env={**os.environ, "PYTHONPATH": this_npudoctor}, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     report = json.loads(done.stdout)
     assert report["target"]["version"] == "0.5.13" and report["live"]["ran"] is True, report["live"]
     [result] = report["results"]
-    assert (result["status"], result["depth"]) == (expected_status("0.5.13", "NPD002", "mla"), "live"), result
+    assert (result["status"], result["depth"]) == (expected_status("0.5.13", "NPD006", "mla"), "live"), result
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child processes from /proc")
+@pytest.mark.parametrize("whom", ["the terminal's Ctrl-C (the process group)", "kill -INT (npudoctor alone)"])
+def test_an_interrupted_live_run_leaves_no_scratch_folder(release, tmp_path, whom):
+    """SIGINT while the live child imports sglang: its scratch folder (``npudoctor-live-*`` in
+    ``$TMPDIR``, the hubs' caches and the probes' model) goes with it, however the child ended."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "npudoctor", "check", "--depth", "live", "--sglang-path",
+               release("0.5.12"), "--config", DEEPSEEK, "--select", "NPD006", "--quiet"]  # fmt: skip
+    this_npudoctor = str(Path(npudoctor.__file__).resolve().parents[1])
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": this_npudoctor}
+    process = subprocess.Popen(list(map(str, command)), env=env, start_new_session=True, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(scratch.glob("npudoctor-live-*")):
+        assert process.poll() is None, f"npudoctor ended before its live child started: {process.communicate()}"
+        assert time.monotonic() < deadline, "no live child in 120 s"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert process.poll() is None, "the live run finished before the Ctrl-C"
+    if whom.startswith("kill"):
+        os.kill(process.pid, signal.SIGINT)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    deadline = time.monotonic() + 5  # the child's own exit, if it is what removes it
+    while list(scratch.glob("npudoctor-live-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("npudoctor-")] == []
