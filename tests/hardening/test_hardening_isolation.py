@@ -156,7 +156,8 @@ def test_a_tree_whose_path_holds_the_path_separator_is_the_tree_imported(release
     folder = tmp_path / "x"
     folder.mkdir()
     (folder / "col").symlink_to(release("0.5.12"))
-    (folder / f"col{os.pathsep}on").symlink_to(release("0.5.13"))
+    # a copy (hard links), not a link: npudoctor names a tree by its real path
+    shutil.copytree(release("0.5.13"), folder / f"col{os.pathsep}on", copy_function=os.link)
     this_npudoctor = str(Path(npudoctor.__file__).resolve().parents[1])
     done = subprocess.run(
         [sys.executable, "-m", "npudoctor", "check", "--depth", "live", "--sglang-path", folder / f"col{os.pathsep}on",
