@@ -3,13 +3,14 @@
 npudoctor starts interpreters of its own: the live child (``npudoctor.live.child_process``) and
 the zygotes (``npudoctor.live.zygote``), ``python -m pip download`` for ``advise``
 (``npudoctor.target.releases``, which imports no npudoctor: it adds ``-I`` itself), and
-``advise``'s static workers (multiprocessing's spawn, and its resource tracker). Python puts the working directory (``-m``, ``-c``) first on such an
-interpreter's ``sys.path``, so a ``pickle.py``, ``torch.py``, ``pip.py`` or ``npudoctor/`` in the
-folder ``npudoctor`` is run from (a pull request's workspace in CI) would run as the user. Each
-runs with ``-I`` instead (isolated mode): neither the working directory nor a script's folder is
-on ``sys.path``, the ``PYTHON*`` variables are not interpreted (they stay in ``os.environ``, as do
-``SGLANG_*``, ``ASCEND_*`` and the user's ``PIP_*``, which sglang and pip read), and the user site,
-with its ``usercustomize``, is not loaded. (``-P`` alone keeps the rest and needs Python 3.11.)
+``advise``'s static workers (multiprocessing's spawn, and its resource tracker). Python puts the
+working directory first on the ``sys.path`` of ``python -m``/``-c``, so a ``pickle.py``,
+``torch.py``, ``pip.py`` or ``npudoctor/`` in the folder ``npudoctor`` is run from (a pull
+request's workspace in CI) would run as the user. Each runs with ``-I`` instead (isolated mode):
+neither the working directory nor a script's folder is on ``sys.path``, the ``PYTHON*`` variables
+are not interpreted (they stay in ``os.environ``, as do ``SGLANG_*``, ``ASCEND_*`` and the user's
+``PIP_*``, which sglang and pip read), and the user site is not processed (its ``.pth`` files and
+``usercustomize``). ``-P`` alone would keep the rest, and needs Python 3.11.
 
 What npudoctor's own code needs then comes by the command line, never by ``PYTHONPATH``: a module
 of npudoctor runs through this file (``npudoctor_command``), which loads the very ``npudoctor``

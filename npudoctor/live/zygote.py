@@ -363,7 +363,15 @@ class Pool:
         self.served = self.fallbacks = self.remembered = 0
 
     def start(
-        self, root: str, paths: list[str], ids: list[str], fixes: dict, facts, env: dict[str, str], on_step, fresh
+        self,
+        root: str,
+        paths: list[str],
+        ids: list[str],
+        fixes: dict,
+        facts,
+        env: dict[str, str],
+        on_step,
+        fresh,
     ):
         """A live run of the checks ``ids`` with ``fixes`` against the tree at ``root``, its interpreter's
         import ``paths`` first on ``sys.path`` (``child_process.import_paths``), served by its

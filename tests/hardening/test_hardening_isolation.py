@@ -51,18 +51,24 @@ def workspace(tmp_path) -> Path:
         (folder / f"{name}.py").write_text(mark_code(marks, name))
     (tmp_path / "user-site").mkdir()
     (tmp_path / "user-site" / "sitecustomize.py").write_text(mark_code(marks, "sitecustomize"))
-    user_site = tmp_path / "userbase" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    user_site = (
+        tmp_path / "userbase" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    )
     user_site.mkdir(parents=True)
     (user_site / "usercustomize.py").write_text(mark_code(marks, "usercustomize"))
     return folder
 
 
-def run_from(workspace: Path, *args, env: dict | None = None, timeout: int = 900) -> tuple[subprocess.CompletedProcess, dict]:
+def run_from(
+    workspace: Path, *args, env: dict | None = None, timeout: int = 900
+) -> tuple[subprocess.CompletedProcess, dict]:
     """``npudoctor ARGS`` from ``workspace``, as a console script starts it; its result and what the
     planted code ran in a process other than npudoctor's own (name -> pids)."""
     launcher = workspace.parent / "bin" / "npudoctor"
     launcher.parent.mkdir(exist_ok=True)
-    launcher.write_text("import sys\nfrom npudoctor.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n")
+    launcher.write_text(
+        "import sys\nfrom npudoctor.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+    )
     this_npudoctor = str(Path(npudoctor.__file__).resolve().parents[1])  # the tree under test
     environment = {
         **os.environ,
@@ -140,7 +146,9 @@ def test_advise_downloads_with_pip_not_a_pip_py_of_the_working_directory(workspa
         "PIP_RETRIES": "0",
         "PIP_NO_CACHE_DIR": "1",
     }
-    done, ran = run_from(workspace, "advise", "--releases", "0.5.13", "--format", "json", "--quiet", env=offline)
+    done, ran = run_from(
+        workspace, "advise", "--releases", "0.5.13", "--format", "json", "--quiet", env=offline
+    )
     assert ran == {}, done.stderr[-2000:]
     [row] = json.loads(done.stdout)["releases"]
     assert row["error"].startswith("cannot download sglang==0.5.13: "), row
@@ -185,7 +193,9 @@ def test_an_interrupted_live_run_leaves_no_scratch_folder(release, tmp_path, who
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(scratch.glob("npudoctor-live-*")):
-        assert process.poll() is None, f"npudoctor ended before its live child started: {process.communicate()}"
+        assert process.poll() is None, (
+            f"npudoctor ended before its live child started: {process.communicate()}"
+        )
         assert time.monotonic() < deadline, "no live child in 120 s"
         time.sleep(0.05)
     time.sleep(0.5)
