@@ -1,8 +1,9 @@
 """The live depth: import the target's real sglang modules and run the probed code.
 
-Live probes run in a child interpreter (``python -m npudoctor.live.child_process``), one per
-``npudoctor check`` run, for three reasons: the target may be a tree that is not the
-installed sglang (it goes first on the child's ``sys.path``); importing sglang and the
+Live probes run in a child interpreter (``npudoctor.live.child_process`` run as ``python -m``
+would, isolated from the working directory: ``npudoctor.interpreters``), one per ``npudoctor
+check`` run, for three reasons: the target may be a tree that is not the installed sglang (it
+goes first on the child's ``sys.path``); importing sglang and the
 NPU stand-ins must not leak into the caller's interpreter; and a crash or a runaway
 allocation in sglang code ends the child, not the report. The child gets the facts and
 the check ids as a pickle on stdin and answers with a pickle of ``Probe`` objects (or the
@@ -13,6 +14,7 @@ caller can show progress.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import ctypes
@@ -30,7 +32,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
+from npudoctor import interpreters
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.results import Status
@@ -64,17 +68,17 @@ class LiveRun:
         outcome: LiveOutcome | None = None,
         child: subprocess.Popen | None = None,
         reader: threading.Thread | None = None,
-        folder: str | None = None,
+        scratch: str | None = None,
         stoppable: Stoppable | None = None,
     ):
-        self._outcome, self._child, self._reader, self._folder = outcome, child, reader, folder
+        self._outcome, self._child, self._reader, self._scratch = outcome, child, reader, scratch
         self._stoppable = stoppable
 
     def outcome(self) -> LiveOutcome:
         if self._outcome is None:
             try:
                 self._outcome = _answer(self._child, self._reader)
-            finally:
+            finally:  # the child has ended, answered or not
                 self.stop()
         return self._outcome
 
@@ -82,15 +86,39 @@ class LiveRun:
         """End the child if it still runs, reap it and remove its temporary folder (idempotent)."""
         if self._child is not None:
             _end(self._child, self._stoppable)
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
+        remove_scratch(self._scratch)
+        self._scratch = None
 
     def __enter__(self) -> LiveRun:
         return self
 
     def __exit__(self, *_exc) -> None:
         self.stop()
+
+
+def new_scratch() -> str:
+    """A scratch directory for a live interpreter (``sealing.use_scratch``: the hubs' caches, the
+    probes' model), made here, in ``$TMPDIR``, and removed here (``remove_scratch``) once that
+    interpreter ended: one Ctrl-C or a kill ends it before any exit handler of its own would run.
+    Those this process has not removed when it exits go then."""
+    directory = tempfile.mkdtemp(prefix="npudoctor-live-")
+    _scratches.add(directory)
+    return directory
+
+
+def remove_scratch(directory: str | None) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+        _scratches.discard(directory)
+
+
+_scratches: set[str] = set()  # the scratch directories made here and not removed yet
+
+
+@atexit.register
+def _remove_scratches() -> None:
+    for directory in list(_scratches):
+        remove_scratch(directory)
 
 
 def start(
@@ -114,15 +142,22 @@ def start(
     if not readiness.runs:  # a slim or minimal install: the static depth is all there is
         return LiveRun(LiveOutcome(unavailable=readiness.reason()))
     env = dict(os.environ)
-    if target.source == "path":
-        env["PYTHONPATH"] = os.pathsep.join([str(target.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = import_paths(target, env)
     if _pool is not None:
 
         def fresh() -> LiveRun:
-            return _spawn(target, facts, ids, on_step, fixes, env)
+            return _spawn(target, facts, ids, on_step, fixes, env, paths)
 
-        return _pool.start(str(target.root), ids, fixes or {}, facts, env, on_step, fresh)
-    return _spawn(target, facts, ids, on_step, fixes, env)
+        return _pool.start(str(target.root), paths, ids, fixes or {}, facts, env, on_step, fresh)
+    return _spawn(target, facts, ids, on_step, fixes, env, paths)
+
+
+def import_paths(target: Target, env: dict[str, str]) -> list[str]:
+    """The folders first on the live interpreter's ``sys.path``: the tree under test (unless it is
+    the installed sglang), then those of the user's ``PYTHONPATH`` (``npudoctor.interpreters``).
+    Each is one whole path: a tree at ``/x/col:on`` is not ``/x/col`` and ``on``."""
+    tree = [str(target.root)] if target.source == "path" else []
+    return tree + interpreters.user_import_paths(env)
 
 
 # Where live runs go instead of a fresh child each: None (``npudoctor check``: one run, one child)
@@ -210,17 +245,19 @@ def _spawn(
     on_step: Callable[[str], None] | None,
     fixes: dict[str, dict[str, str]] | None,
     env: dict[str, str],
+    paths: list[str],
 ) -> LiveRun:
-    """Start a fresh child interpreter for the run, the request on its stdin.
+    """Start a fresh child interpreter for the run (isolated, ``paths`` first on its ``sys.path``),
+    the request on its stdin.
 
-    The child's ``TMPDIR`` is a folder this process makes and removes once the child is reaped
-    (``LiveRun.stop``): what the child puts there (its scratch, ``npudoctor.live.sealing``; the
+    The child's scratch directory (and ``TMPDIR``) is one this process makes and removes once the
+    child is reaped (``LiveRun.stop``): what the child puts there (``npudoctor.live.sealing``; the
     stand-ins' metadata) goes with it even when it is killed before its own cleanup runs."""
     stoppable = _stoppable.get()
     if stoppable is not None and stoppable.stopped:
         return LiveRun(LiveOutcome(unavailable="stopped: the live run did not start"))
-    folder = tempfile.mkdtemp(prefix="npudoctor-live-")
-    env = {**env, "TMPDIR": folder}
+    scratch = new_scratch()
+    env = {**env, "TMPDIR": scratch}
     steps_read, steps_write = os.pipe()
     request = pickle.dumps(
         {
@@ -236,7 +273,7 @@ def _spawn(
     request_read, request_write = os.pipe()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "npudoctor.live.child_process"],
+            interpreters.npudoctor_command("npudoctor.live.child_process", paths, scratch),
             stdin=request_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -246,12 +283,12 @@ def _spawn(
     except OSError as error:
         os.close(steps_read)
         os.close(request_write)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_scratch(scratch)
         return LiveRun(LiveOutcome(unavailable=f"the live run could not start: {error}"))
     finally:
         os.close(steps_write)
         os.close(request_read)
-    run = LiveRun(child=child, reader=reader, folder=folder, stoppable=stoppable)
+    run = LiveRun(child=child, reader=reader, scratch=scratch, stoppable=stoppable)
     try:
         if stoppable is not None:
             stoppable._started(child)
@@ -422,6 +459,7 @@ def _child() -> int:
     from the model hubs and the network (``npudoctor.live.sealing``)."""
     from npudoctor.live import processstate, sealing
 
+    sealing.use_scratch(Path(sys.argv[1]))  # its caller's: removed however this process ends
     sealing.seal()  # before anything imports sglang, transformers or huggingface_hub
     request = pickle.loads(sys.stdin.buffer.read())
     die_with_parent(request["parent"])  # npudoctor SIGKILLed: no import of sglang runs on without it

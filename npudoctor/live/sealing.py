@@ -69,19 +69,35 @@ def sealed() -> bool:
     return os.environ.get(NETWORK_ENV, "").strip().lower() != "host"
 
 
+def use_scratch(directory: Path) -> None:
+    """Make ``directory`` this live child's scratch directory. Its caller made it and removes it once
+    the child ended, however it ended (a child killed runs no exit handler of its own); the child
+    removes it too at its exit, should it outlive its caller. It is the child's temporary directory
+    too (``tempfile``, not the environment: ``TMPDIR`` stays the user's), so what the child makes
+    there (the stand-ins' metadata, torch's caches) goes with it."""
+    _scratch[:] = [directory]
+    tempfile.tempdir = str(directory)
+    _remove_at_exit(directory)
+
+
 def scratch() -> Path:
-    """npudoctor's scratch directory of this live child, created on first use, removed at its exit."""
+    """npudoctor's scratch directory of this live child (``use_scratch``), else one created on first
+    use and removed at its exit."""
     if not _scratch:
         directory = Path(tempfile.mkdtemp(prefix="npudoctor-live-"))
-        owner = os.getpid()
-
-        def remove() -> None:
-            if os.getpid() == owner:  # a forked process leaves its parent's directory alone
-                shutil.rmtree(directory, ignore_errors=True)
-
-        atexit.register(remove)
+        _remove_at_exit(directory)
         _scratch.append(directory)
     return _scratch[0]
+
+
+def _remove_at_exit(directory: Path) -> None:
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:  # a forked process leaves its parent's directory alone
+            shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(remove)
 
 
 def offline_environment(directory: Path) -> dict[str, str]:

@@ -41,12 +41,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from npudoctor import interpreters
 from npudoctor.engine.check import LiveOutcome
 from npudoctor.target.privatestore import MISS, PrivateStore, entry_name
 
 # Environment variables that differ between a pool's runs without changing what sglang or a
-# probe does (PYTHONPATH, which names the tree, is part of a zygote's key instead): a run whose
-# environment differs from the pool's in anything else gets a fresh child.
+# probe does (PYTHONPATH, whose folders are a zygote's import paths, is part of its key instead): a
+# run whose environment differs from the pool's in anything else gets a fresh child.
 VOLATILE_ENV = frozenset({"NPUDOCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST", "PYTHONPATH"})
 
 _HEADER = struct.Struct("!Q")
@@ -247,12 +248,13 @@ def _copy(outcome: LiveOutcome) -> LiveOutcome:
 
 
 def _zygote() -> int:
-    """Entry point of a zygote: ``python -m npudoctor.live.zygote SGLANG_ROOT STEPS_FD``, requests
-    on stdin, answers on stdout."""
+    """Entry point of a zygote: ``npudoctor.live.zygote SGLANG_ROOT STEPS_FD SCRATCH`` run in an
+    isolated interpreter (``npudoctor.interpreters``), requests on stdin, answers on stdout."""
     from npudoctor.live import processstate, sealing
 
-    sealing.seal()  # as a fresh child: before anything imports sglang, transformers or huggingface_hub
     root, steps_fd = sys.argv[1], int(sys.argv[2])
+    sealing.use_scratch(Path(sys.argv[3]))  # the caller's, for the whole tree of processes
+    sealing.seal()  # as a fresh child: before anything imports sglang, transformers or huggingface_hub
     upstream_in = os.dup(0)
     upstream_out = os.dup(1)
     os.dup2(2, 1)  # what sglang prints must not mix with the answers
@@ -280,12 +282,17 @@ def _same_environment(env: dict[str, str]) -> dict[str, str]:
 class _Zygote:
     """The caller's end of one zygote: its process, its pipes, and the progress it reports."""
 
-    def __init__(self, root: str, env: dict[str, str]):
+    def __init__(self, root: str, paths: list[str], env: dict[str, str]):
+        from npudoctor.live import child_process
+
         steps_read, steps_write = os.pipe()
         self.on_step: Callable[[str], None] | None = None
+        self.scratch = child_process.new_scratch()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "npudoctor.live.zygote", root, str(steps_write)],
+                interpreters.npudoctor_command(
+                    "npudoctor.live.zygote", paths, root, str(steps_write), self.scratch
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -335,6 +342,9 @@ class _Zygote:
                 self.process.wait(timeout=30)
         with contextlib.suppress(Exception):
             self.process.stdout.close()
+        from npudoctor.live import child_process
+
+        child_process.remove_scratch(self.scratch)
 
 
 class Pool:
@@ -352,18 +362,29 @@ class Pool:
         self._zygotes: OrderedDict[tuple[str, str], _Zygote] = OrderedDict()
         self.served = self.fallbacks = self.remembered = 0
 
-    def start(self, root: str, ids: list[str], fixes: dict, facts, env: dict[str, str], on_step, fresh):
-        """A live run of the checks ``ids`` with ``fixes`` against the tree at ``root``, served by its
+    def start(
+        self,
+        root: str,
+        paths: list[str],
+        ids: list[str],
+        fixes: dict,
+        facts,
+        env: dict[str, str],
+        on_step,
+        fresh,
+    ):
+        """A live run of the checks ``ids`` with ``fixes`` against the tree at ``root``, its interpreter's
+        import ``paths`` first on ``sys.path`` (``child_process.import_paths``), served by its
         zygote; ``fresh()`` starts a fresh child instead (other environments, trees not admitted,
         anything the zygote cannot answer). Returns an object with ``outcome()``."""
         from npudoctor.engine.check import all_checks
 
         if not self.accepts(root) or _same_environment(env) != self.environment:
             return fresh()
-        key = (root, env.get("PYTHONPATH", ""))
+        key = (root, tuple(paths))
         order = [c.id for c in all_checks() if c.id in ids]
         steps = [("fixes", json.dumps(fixes, sort_keys=True))] + [("import", i) for i in order]
-        memo = self._memo_file(root, steps, facts, env)
+        memo = self._memo_file(root, paths, steps, facts, env)
         outcome = PrivateStore(self.memo).load(memo.name) if memo is not None else MISS
         if isinstance(outcome, LiveOutcome):  # the answer is known: no zygote needed for it
             for step in ["import", *(i for i in order if i in outcome.probe_seconds)]:
@@ -372,8 +393,11 @@ class Pool:
             self.remembered += 1
             return _PooledRun(self, key, None, fresh, outcome)
         zygote = self._zygotes.pop(key, None)
-        if zygote is None or zygote.process.poll() is not None:
-            zygote = _Zygote(root, env)
+        if zygote is not None and zygote.process.poll() is not None:
+            zygote.close()  # it died: its pipes and its scratch directory go
+            zygote = None
+        if zygote is None:
+            zygote = _Zygote(root, paths, env)
         self._zygotes[key] = zygote
         while len(self._zygotes) > self.limit:
             self._zygotes.popitem(last=False)[1].close()
@@ -383,13 +407,13 @@ class Pool:
         asked = zygote.ask(steps, {"facts": facts, "checks": order, "env": env})
         return _PooledRun(self, key, zygote if asked else None, fresh, memo=memo)
 
-    def _memo_file(self, root: str, steps: list, facts, env: dict[str, str]) -> Path | None:
+    def _memo_file(self, root: str, paths: list[str], steps: list, facts, env: dict[str, str]) -> Path | None:
         """The file of ``memo`` (a ``PrivateStore``: shared, so sealed) that keeps this run's outcome."""
         if self.memo is None:
             return None
         try:
             environment = sorted(_same_environment(env).items())
-            key = pickle.dumps((root, env.get("PYTHONPATH", ""), steps, facts, environment))
+            key = pickle.dumps((root, tuple(paths), steps, facts, environment))
         except Exception:
             return None
         return Path(self.memo) / entry_name(key)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import signal
 import time
@@ -32,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudoctor import interpreters
 from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.live import child_process
 from npudoctor.results import Report, Status
@@ -169,7 +169,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         if request.check.depth == "static":
             pool = ProcessPoolExecutor(
                 max_workers=jobs,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=interpreters.spawn_context(),
                 initializer=child_process.die_with_parent,  # a worker must not outlive npudoctor
                 initargs=(os.getpid(),),
             )

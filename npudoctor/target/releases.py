@@ -741,8 +741,13 @@ def _download(version: str, wheels: Path) -> Path:
 
 
 def _pip_download(version: str, wheels: Path) -> Path:
+    """``python -I -m pip download`` of the wheel: isolated (as every interpreter npudoctor starts,
+    see ``npudoctor.interpreters``; this module imports no npudoctor), so a ``pip.py`` in the
+    working directory is not pip. pip still reads the user's ``PIP_*`` settings and its
+    configuration files (the index, a proxy)."""
     command = [
         sys.executable,
+        "-I",
         "-m",
         "pip",
         "download",

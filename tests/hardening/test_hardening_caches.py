@@ -199,7 +199,7 @@ def memo_run(pool, root: Path):
     def fresh():
         raise AssertionError("the run fell back to a fresh child")
 
-    return pool.start(str(root), ["NPD001"], {}, {"model": "m"}, dict(os.environ), None, fresh)
+    return pool.start(str(root), [], ["NPD001"], {}, {"model": "m"}, dict(os.environ), None, fresh)
 
 
 def test_the_pool_memo_does_not_unpickle_what_others_wrote(tmp_path):
@@ -211,7 +211,7 @@ def test_the_pool_memo_does_not_unpickle_what_others_wrote(tmp_path):
     pool = zygote.Pool(memo=memo)
     try:
         steps = [("fixes", "{}"), ("import", "NPD001")]
-        planted = pool._memo_file(str(root), steps, {"model": "m"}, dict(os.environ))
+        planted = pool._memo_file(str(root), [], steps, {"model": "m"}, dict(os.environ))
         planted.write_bytes(pickle.dumps(Planted(marker)))
         memo_run(pool, root)
     finally:
@@ -230,7 +230,7 @@ def test_the_pool_memo_answers_what_this_user_sealed(tmp_path):
     pool = zygote.Pool(memo=memo)
     try:
         steps = [("fixes", "{}"), ("import", "NPD001")]
-        kept = pool._memo_file(str(root), steps, {"model": "m"}, dict(os.environ))
+        kept = pool._memo_file(str(root), [], steps, {"model": "m"}, dict(os.environ))
         PrivateStore(memo).save(LiveOutcome(errors={"NPD001": "kept"}), kept.name)
         assert memo_run(pool, root).outcome().errors == {"NPD001": "kept"}
     finally:
