@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 DIST_INFO = "npudoctor_fixes_activation-1.dist-info"
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "npudoctor"
+PLUGIN_OBJECT = "npudoctor.patching.activation:sglang_plugin"  # what the entry point names
 SITE_ENV = "NPUDOCTOR_SITE"  # where the record goes instead of this interpreter's site-packages
 LOCK_FILE = ".npudoctor-fixes.lock"
 LOCK_TIMEOUT = 60.0  # seconds: a change holds the lock for milliseconds; longer is a stopped `fix`
@@ -219,7 +220,7 @@ def _fill(staging: Path, plan: dict) -> None:
     files = {
         "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: 1\n"
         "Summary: npudoctor runtime fixes enabled by `npudoctor fix --apply`\n",
-        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = npudoctor.patching.activation:sglang_plugin\n",
+        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_OBJECT}\n",
         PLAN_FILE: json.dumps(plan, indent=2, sort_keys=True) + "\n",
         "INSTALLER": "npudoctor\n",
     }

@@ -8,14 +8,18 @@ same behaviour. Patching itself happens in the processes that run sglang
 from __future__ import annotations
 
 import datetime as dt
+import contextlib
 import enum
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,12 +188,94 @@ def loads_plugins(target: Target) -> bool:
     return path is not None and records.PLUGIN_GROUP.encode() in target.tree.read(path)
 
 
+PLUGINS_FILTER = "SGLANG_PLUGINS"  # sglang's own: the plugins its processes load, by name
+
+
+def record_not_loaded(target: Target, record_dir: Path, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why sglang's own plugin loading would not apply the record in ``record_dir`` (the directory
+    holding its ``.dist-info``) in a server started from ``environ`` (default: this process's
+    environment); None when it would. The one answer ``check``, ``advise``, ``fix --apply``/``--status``
+    and ``run`` give.
+
+    sglang's ``load_plugins()`` (``sglang/srt/plugins/__init__.py``, unchanged from 0.5.11 to 0.5.23)
+    loads the entry points of group ``sglang.srt.plugins`` that ``importlib.metadata.entry_points()``
+    finds on the process's ``sys.path`` (the first distribution of each name), skips those whose name
+    ``SGLANG_PLUGINS`` (comma-separated, blanks stripped) does not list when it is set, and keeps one
+    per name, the last. The same rule is asked here of the same inputs: the sys.path a server has
+    (``server_path``) and the variables as ``environ`` holds them."""
+    environ = os.environ if environ is None else environ
+    if not loads_plugins(target):
+        return f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
+    if activation.disabled(environ):
+        return f"{activation.KILL_SWITCH} is set: sglang's processes apply no fix"
+    allowed = environ.get(PLUGINS_FILTER, "")
+    if allowed and records.PLUGIN_NAME not in {name.strip() for name in allowed.split(",")}:
+        return (
+            f"{PLUGINS_FILTER} is set and does not name {records.PLUGIN_NAME}: sglang's processes skip "
+            f"its plugin (add {records.PLUGIN_NAME} to it)"
+        )
+    path = server_path(target, environ)
+    here = record_dir.resolve()
+    if here not in {Path(entry or ".").resolve() for entry in path}:
+        return (
+            f"{record_dir} is not on the sys.path of sglang's processes (the directory sglang is imported "
+            "from, PYTHONPATH, this environment's site-packages): put it on their PYTHONPATH"
+        )
+    found = _plugin_entry_point(path)
+    if found is None:
+        return (
+            f"the record has no entry point in group {records.PLUGIN_GROUP} (its entry_points.txt): "
+            "`npudoctor fix --apply` writes it again"
+        )
+    location, value = found
+    if location != here:
+        return f"sglang's processes load the plugin {records.PLUGIN_NAME} from {location}, not from this record"
+    if value != records.PLUGIN_OBJECT:
+        return f"the record's entry point names {value}, not {records.PLUGIN_OBJECT}"
+    return None
+
+
+def server_path(target: Target, environ: Mapping[str, str]) -> list[str]:
+    """The ``sys.path`` on which a server started from ``environ`` finds distributions: the directory
+    sglang is imported from (``records.import_dir``; none for a source tree), ``environ``'s
+    ``PYTHONPATH``, then this interpreter's entries (its site-packages) but those its own
+    ``PYTHONPATH`` put there."""
+    own = {os.path.abspath(entry) for entry in _pythonpath(os.environ)}
+    entries = []
+    with contextlib.suppress(InputError):  # a source tree: imported through an install not seen here
+        entries.append(str(records.import_dir(target)))
+    entries += _pythonpath(environ)
+    entries += [entry for entry in sys.path if os.path.abspath(entry or ".") not in own]
+    return list(dict.fromkeys(entries))
+
+
+def _pythonpath(environ: Mapping[str, str]) -> list[str]:
+    return [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def _plugin_entry_point(path: list[str]) -> tuple[Path, str] | None:
+    """Where the plugin named ``npudoctor`` that sglang would load on ``path`` comes from (its
+    distribution's directory) and what it names: as ``importlib.metadata.entry_points()``, the first
+    distribution of each name in path order; as ``load_plugins()``, of one name the last."""
+    seen: set[str] = set()
+    found = None
+    for dist in importlib.metadata.distributions(path=path):
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name and name in seen:
+            continue
+        seen.add(name)
+        for entry in dist.entry_points:
+            if entry.group == records.PLUGIN_GROUP and entry.name == records.PLUGIN_NAME:
+                found = (Path(str(dist.locate_file(""))).resolve(), entry.value)
+    return found
+
+
 @dataclass(frozen=True)
 class SiteStatus:
     """One fix as ``--status`` sees it: recorded, or needed now and not recorded."""
 
     fix_id: str
-    state: str  # "in place" | "stale" | "not needed" | "unknown fix" | "not recorded"
+    state: str  # "in place" | "not applied" | "stale" | "not needed" | "unknown fix" | "not recorded"
     detail: str
 
     @property
@@ -198,10 +284,14 @@ class SiteStatus:
         return self.state == "in place"
 
 
-def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteStatus]:
+def status(
+    document: dict, target: Target, planned: list[Planned], not_loaded: str | None = None
+) -> list[SiteStatus]:
     """Whether each recorded fix still matches the installed code (sglang may have changed since)
     and whether the deployment still needs it, and which fix it needs now that is not recorded
-    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix."""
+    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix.
+    ``not_loaded`` (``record_not_loaded``): why sglang's processes will not apply the record; a fix
+    that would be in place is then "not applied"."""
     decided = {p.fix.id: p for p in planned}
     found = []
     for p in planned:
@@ -231,7 +321,7 @@ def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteS
             )
             if decision.action is Action.REFUSED:
                 detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
-            found.append(SiteStatus(fix_id, "in place", detail))
+            found.append(SiteStatus(fix_id, "in place" if not_loaded is None else "not applied", detail))
     return found
 
 
@@ -295,9 +385,10 @@ def _recorded_line(fixes: dict[str, dict]) -> str:
 
 def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixes | None:
     """The fixes ``fix --apply`` recorded for ``target`` (``records.read_beside``) that a check at
-    ``depth`` is judged with: those whose shape the installed code still has, when this sglang loads
-    the record (0.5.11+), fixes are not turned off (``NPUDOCTOR_DISABLE_FIXES``) and the depth runs
-    fixes (not ``static``: a fix is judged by running it). ``use`` False (``--no-recorded-fixes``):
+    ``depth`` is judged with: those whose shape the installed code still has, when sglang's own
+    plugin loading would apply the record in this environment (``record_not_loaded``: 0.5.11+, fixes
+    not turned off, ``SGLANG_PLUGINS`` naming it, the record on the server's path with its entry
+    point) and the depth runs fixes (not ``static``: a fix is judged by running it). ``use`` False (``--no-recorded-fixes``):
     none, each said. None when nothing is recorded for this target."""
     try:
         found = records.read_beside(target)
@@ -323,10 +414,8 @@ def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixe
     reason = None
     if not use:
         reason = "--no-recorded-fixes: the installed code alone"
-    elif not loads_plugins(target):
-        reason = f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
-    elif activation.disabled():
-        reason = f"{activation.KILL_SWITCH} is set: sglang's processes apply no fix"
+    elif (not_loaded := record_not_loaded(target, path.parent)) is not None:
+        reason = not_loaded
     elif depth == "static":
         reason = "--depth static runs no fix (--depth auto judges the deployment with it)"
     if reason is not None:
