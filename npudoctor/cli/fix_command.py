@@ -128,7 +128,9 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
             console.print("the record no longer fits; next:")
             console.print(f"  {escape(found.next_command)}", soft_wrap=True)
         else:
-            console.print("the record fits this sglang and deployment, but sglang's processes will not apply it")
+            console.print(
+                "the record fits this sglang and deployment, but sglang's processes will not apply it"
+            )
     if not found.fits:
         raise typer.Exit(ExitCode.FINDINGS)
 
@@ -176,7 +178,9 @@ def _print_plugin_note(console: Console, setting, unsafe: bool) -> None:
     from npudoctor.service.operations import plugin_note
 
     note = plugin_note(setting, unsafe)
-    console.print(f"[bold]note[/]: {escape(note.text)}" if note.warning else escape(note.text), soft_wrap=True)
+    console.print(
+        f"[bold]note[/]: {escape(note.text)}" if note.warning else escape(note.text), soft_wrap=True
+    )
     if note.command is not None:  # one line to copy, never wrapped
         console.print(f"  {escape(note.command)}", soft_wrap=True)
 

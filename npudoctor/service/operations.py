@@ -261,3 +261,26 @@ def run_deployment(request: CheckRequest) -> Facts:
         if not request.launch_command:
             raise
         return load_deployment(replace(request, launch_command=[])).facts
+
+
+def record_route(target: Target, document: dict, environ: dict[str, str]) -> str | None:
+    """Why the record ``fix --apply`` wrote for ``target`` would not apply the fixes of ``document``
+    (``npudoctor run``'s plan) in a command whose processes have ``environ`` and not the environment
+    ``run`` gives them (``planning.environment_ignored``); None when it would: it holds each of them
+    with the same shape, and sglang's plugin loading applies it there (``planning.record_not_loaded``)."""
+    try:
+        found = records.read_beside(target)
+    except InputError as error:
+        return str(error)
+    if found is None:
+        return f"no fix is recorded for sglang {target.version} in {records.site_dir(None, target)}"
+    record, recorded = found
+    wanted = document["fixes"]
+    missing = [
+        fix_id
+        for fix_id in sorted(wanted)
+        if recorded["fixes"].get(fix_id, {}).get("shape") != wanted[fix_id]["shape"]
+    ]
+    if missing:
+        return f"the record {record} does not hold {', '.join(missing)} as planned now"
+    return planning.record_not_loaded(target, record.parent, environ)

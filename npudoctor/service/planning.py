@@ -7,8 +7,8 @@ same behaviour. Patching itself happens in the processes that run sglang
 
 from __future__ import annotations
 
-import datetime as dt
 import contextlib
+import datetime as dt
 import enum
 import importlib.metadata
 import json
@@ -191,7 +191,9 @@ def loads_plugins(target: Target) -> bool:
 PLUGINS_FILTER = "SGLANG_PLUGINS"  # sglang's own: the plugins its processes load, by name
 
 
-def record_not_loaded(target: Target, record_dir: Path, environ: Mapping[str, str] | None = None) -> str | None:
+def record_not_loaded(
+    target: Target, record_dir: Path, environ: Mapping[str, str] | None = None
+) -> str | None:
     """Why sglang's own plugin loading would not apply the record in ``record_dir`` (the directory
     holding its ``.dist-info``) in a server started from ``environ`` (default: this process's
     environment); None when it would. The one answer ``check``, ``advise``, ``fix --apply``/``--status``
@@ -229,7 +231,9 @@ def record_not_loaded(target: Target, record_dir: Path, environ: Mapping[str, st
         )
     location, value = found
     if location != here:
-        return f"sglang's processes load the plugin {records.PLUGIN_NAME} from {location}, not from this record"
+        return (
+            f"sglang's processes load the plugin {records.PLUGIN_NAME} from {location}, not from this record"
+        )
     if value != records.PLUGIN_OBJECT:
         return f"the record's entry point names {value}, not {records.PLUGIN_OBJECT}"
     return None
@@ -483,6 +487,99 @@ def resolve_command(command: list[str]) -> str:
     raise CommandNotFound(f"run: command not found: {shown}")
 
 
+@dataclass(frozen=True)
+class IgnoredEnvironment:
+    """How a command's Python misses the environment ``npudoctor run`` gives it (its bootstrap on
+    ``PYTHONPATH``, the plan in ``NPUDOCTOR_RUN_PLAN``): ``how`` names it (``python -E``, ``env -i``),
+    ``environ`` is the environment its processes do have."""
+
+    how: str
+    environ: dict[str, str]
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_ENV_OPTION_ARGUMENT = "uCS"  # env's short options that take a value: -u NAME, -C DIR, -S STRING
+_PYTHON_OPTION_ARGUMENT = "WX"  # python's: -W ARG, -X OPT (-c and -m end its options)
+
+
+def environment_ignored(command: Sequence[str]) -> IgnoredEnvironment | None:
+    """Whether ``command`` runs a Python that ignores the environment ``npudoctor run`` sets, as the
+    words say: ``env -i``/``env -``, ``env -u PYTHONPATH``, a ``PYTHONPATH=`` assignment, or the
+    interpreter's ``-E`` or ``-I`` (read only before ``-c``, ``-m`` or the script: after them, a word
+    is the program's). None when nothing says so (a wrapper npudoctor does not read, ``sudo``, is not
+    looked into)."""
+    words, environ, how = list(command), dict(os.environ), None
+    if words and os.path.basename(words[0]) == "env":
+        words, how = _env_options(words[1:], environ)
+        while words and _ASSIGNMENT.match(words[0]):
+            name, _, value = words.pop(0).partition("=")
+            environ[name] = value
+            how = "PYTHONPATH=... in the command" if name == "PYTHONPATH" and how is None else how
+    if how is None and words and _PYTHON.fullmatch(os.path.basename(words[0])):
+        how = _python_ignoring_flag(words[1:])
+        if how is not None:
+            environ = {name: value for name, value in environ.items() if not name.startswith("PYTHON")}
+    return IgnoredEnvironment(how, environ) if how is not None else None
+
+
+def _env_options(words: list[str], environ: dict[str, str]) -> tuple[list[str], str | None]:
+    """``env``'s options at the start of ``words`` applied to ``environ``: the words after them, and
+    how they drop what ``npudoctor run`` sets (``env -i``, ``env -u PYTHONPATH``)."""
+    how = None
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        if word == "--":
+            break
+        unset = None
+        if word in ("-", "-i", "--ignore-environment"):
+            environ.clear()
+            how = "env -i"
+            continue
+        if word.startswith("--"):
+            name, equals, value = word.partition("=")
+            if name == "--unset":
+                unset = value if equals else (words.pop(0) if words else "")
+            elif name in ("--chdir", "--split-string") and not equals and words:
+                words.pop(0)
+        else:
+            for position, letter in enumerate(word[1:], 1):
+                if letter == "i":
+                    environ.clear()
+                    how = "env -i"
+                elif letter in _ENV_OPTION_ARGUMENT:
+                    value = word[position + 1 :] or (words.pop(0) if words else "")
+                    unset = value if letter == "u" else None
+                    break
+        if unset is not None:
+            environ.pop(unset, None)
+            if unset == "PYTHONPATH" and how is None:
+                how = "env -u PYTHONPATH"
+    return words, how
+
+
+def _python_ignoring_flag(words: list[str]) -> str | None:
+    """``python -E`` or ``python -I`` when the interpreter's options (``words``, up to ``-c``, ``-m``
+    or the script) hold one: both ignore every ``PYTHON*`` variable, ``PYTHONPATH`` with them."""
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word in ("-", "--") or not word.startswith("-"):
+            return None  # the script (or stdin) is next
+        if word.startswith("--"):
+            continue  # --version, --help
+        for position, letter in enumerate(word[1:], 1):
+            if letter in "EI":
+                return f"python -{letter}"
+            if letter in "cm":
+                return None
+            if letter in _PYTHON_OPTION_ARGUMENT:
+                index += position == len(word) - 1  # its value: the rest of the word, or the next one
+                break
+    return None
+
+
 class CommandNotFound(InputError):
     """The command given to ``npudoctor run`` does not exist or cannot run (exit 127 / 126, as ``env`` does)."""
 
@@ -560,5 +657,7 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
     if command == "fix":
         words += user.site
     if launch:
+        if command == "run" and _ASSIGNMENT.match(launch[0]):
+            launch = ["env", *launch]  # `run` executes the command: a shell's `X=1 cmd` is `env X=1 cmd`
         words += ["--", *launch]
     return shell_join(words)

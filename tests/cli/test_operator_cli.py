@@ -160,7 +160,9 @@ def test_run_reads_python_flags_only_before_the_program(release):
 
 
 def test_run_without_sglang_names_no_option_run_rejects(tmp_path):
-    done = _run("run", "--depth", "static", "--", sys.executable, "-c", "pass", env={"PYTHONPATH": str(tmp_path)})
+    done = _run(
+        "run", "--depth", "static", "--", sys.executable, "-c", "pass", env={"PYTHONPATH": str(tmp_path)}
+    )
     assert done.returncode == 4, done.stderr
     assert "no sglang found" in done.stderr and "--sglang-path" not in done.stderr, done.stderr
 

@@ -322,7 +322,9 @@ def immutable(path: Path):
 
 
 @pytest.mark.parametrize("blocked", ["RECORD", records.PLAN_FILE])
-def test_an_apply_that_cannot_write_the_record_leaves_the_previous_one_as_it_was(cli, release, tmp_path, blocked):
+def test_an_apply_that_cannot_write_the_record_leaves_the_previous_one_as_it_was(
+    cli, release, tmp_path, blocked
+):
     """An ``--apply`` that fails half-way through replacing the record's files (one of them cannot be
     replaced) exits 2 and leaves every file of the record it found, the plan first: the fixes
     recorded before are all still recorded."""

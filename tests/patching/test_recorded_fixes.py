@@ -160,7 +160,9 @@ UNLOADED = ["SGLANG_PLUGINS names another plugin", "the site is off the server's
 
 
 @pytest.mark.parametrize("how", UNLOADED)
-def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(cli, release, site, monkeypatch, how):
+def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(
+    cli, release, site, monkeypatch, how
+):
     from npudoctor.service.planning import recorded_fixes
     from npudoctor.target.discovery import discover
 
@@ -188,7 +190,9 @@ def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(cli, re
     assert {row["state"] for row in document["status"]} == {"not applied"}, document
 
 
-def test_sglang_plugins_naming_npudoctor_among_others_keeps_the_record_judged(cli, release, site, monkeypatch):
+def test_sglang_plugins_naming_npudoctor_among_others_keeps_the_record_judged(
+    cli, release, site, monkeypatch
+):
     from npudoctor.service.planning import recorded_fixes
     from npudoctor.target.discovery import discover
 
