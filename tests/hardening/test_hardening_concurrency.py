@@ -81,11 +81,13 @@ def document(release, tmp_path_factory) -> dict:
 
 
 @pytest.fixture
-def site(document, tmp_path) -> Path:
-    """A site directory holding that record, as ``fix --apply`` wrote it."""
+def site(document, tmp_path, monkeypatch) -> Path:
+    """A site directory holding that record, as ``fix --apply`` wrote it, on the PYTHONPATH a server
+    started here has (sglang's plugin loading finds the record: ``fix --status`` says it fits)."""
     directory = tmp_path / "site"
     directory.mkdir()
     records.write(document, directory)
+    monkeypatch.setenv("PYTHONPATH", str(directory))
     return directory
 
 
