@@ -264,7 +264,12 @@ def _plugin_entry_point(path: list[str]) -> tuple[Path, str] | None:
     seen: set[str] = set()
     found = None
     for dist in importlib.metadata.distributions(path=path):
-        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        # the name entry_points() tells distributions apart by (importlib.metadata's own, from the
+        # .dist-info's name: no METADATA parsed), else the one in METADATA
+        name = (
+            getattr(dist, "_normalized_name", None)
+            or re.sub(r"[-_.]+", "_", dist.metadata["Name"] or "").lower()
+        )
         if name and name in seen:
             continue
         seen.add(name)
