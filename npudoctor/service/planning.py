@@ -203,8 +203,9 @@ def record_not_loaded(
     loads the entry points of group ``sglang.srt.plugins`` that ``importlib.metadata.entry_points()``
     finds on the process's ``sys.path`` (the first distribution of each name), skips those whose name
     ``SGLANG_PLUGINS`` (comma-separated, blanks stripped) does not list when it is set, and keeps one
-    per name, the last. The same rule is asked here of the same inputs: the sys.path a server has
-    (``server_path``) and the variables as ``environ`` holds them."""
+    per name, the last (``SGLANG_PLATFORM`` skips only distributions that provide a platform plugin,
+    which the record does not). The same rule is asked here of the same inputs: the sys.path a
+    server has (``server_path``) and the variables as ``environ`` holds them."""
     environ = os.environ if environ is None else environ
     if not loads_plugins(target):
         return f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
@@ -646,7 +647,8 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
     ``npudoctor COMMAND OWN...`` (the command's own options: ``--apply --select NPD001``), then the
     user's options that COMMAND takes (``user``; ``deployment=False``: only the target and
     ``--site``), the depth where it is not COMMAND's default, and last ``--`` and the launch
-    command: an option after ``--`` would be a word of the launch command. Every word is quoted for a
+    command: an option after ``--`` would be a word of the launch command (``run`` executes it, so a
+    leading ``NAME=value`` goes through ``env``, as a shell runs it). Every word is quoted for a
     shell (``npudoctor.terminal.shell_join``: as ``shlex.join`` quotes it, a value with a control
     character as ``$'...'``)."""
     user = user or UserOptions()
