@@ -35,8 +35,8 @@ EPILOG = (
     "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
     + DEPLOYMENT_HELP
     + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
-    "the record no longer fits this sglang or deployment, or nothing is recorded and a fix is needed "
-    "(the next command is printed); 2 usage or input error (unknown fix id, unwritable --site, "
+    "the record no longer fits this sglang or deployment (the next command is printed), sglang's processes "
+    "will not apply it (why is printed), or nothing is recorded and a fix is needed; 2 usage or input error (unknown fix id, unwritable --site, "
     "damaged record, a record --revert cannot remove: it is left as it was, the record's lock held "
     "by another fix for a minute); 3 internal error; 4 no sglang found, or it has no Ascend NPU "
     "backend; 130 interrupted (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP."
@@ -124,9 +124,13 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
         fixplan.print_status_rows(console, found.rows)
         if found.fits:
             console.print("the record fits this sglang and deployment")
-        else:
+        elif found.outdated:
             console.print("the record no longer fits; next:")
             console.print(f"  {escape(found.next_command)}", soft_wrap=True)
+        else:
+            console.print(
+                "the record fits this sglang and deployment, but sglang's processes will not apply it"
+            )
     if not found.fits:
         raise typer.Exit(ExitCode.FINDINGS)
 
@@ -174,7 +178,9 @@ def _print_plugin_note(console: Console, setting, unsafe: bool) -> None:
     from npudoctor.service.operations import plugin_note
 
     note = plugin_note(setting, unsafe)
-    console.print(f"[bold]note[/]: {escape(note.text)}" if note.warning else escape(note.text))
+    console.print(
+        f"[bold]note[/]: {escape(note.text)}" if note.warning else escape(note.text), soft_wrap=True
+    )
     if note.command is not None:  # one line to copy, never wrapped
         console.print(f"  {escape(note.command)}", soft_wrap=True)
 

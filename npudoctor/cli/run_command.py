@@ -10,7 +10,7 @@ from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth
 from npudoctor.deployment.redact import redact_argv
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, NoTargetError
 
 EPILOG = (
     "Every Python process the command starts, sglang's spawned schedulers included, applies "
@@ -20,7 +20,9 @@ EPILOG = (
     "the launch command's, unless --config or --model-path describes it; the shell's ASCEND_*, "
     "SGLANG_*, HCCL_*, PYTORCH_NPU_* and TASK_QUEUE_* variables are read (what the deployment sets "
     "wins; --isolated reads none). A command that is not an sglang launch npudoctor can read gets the "
-    "fixes for the worst case. Exit code: the command's (128 + N when signal N ended it: 130 for "
+    "fixes for the worst case. A command whose Python ignores the environment (python -E or -I, env -i, "
+    "env -u PYTHONPATH) gets the fixes only through the record of `npudoctor fix --apply`: without "
+    "one that sglang loads, run refuses (exit 2). Exit code: the command's (128 + N when signal N ended it: 130 for "
     "Ctrl-C); 126/127 when it cannot run or is not found; 2 for bad npudoctor options; 130 when "
     "interrupted before the command starts (143 SIGTERM, 129 SIGHUP); once it runs, SIGINT, SIGTERM, "
     "SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are handed to it. Kill switch: NPUDOCTOR_DISABLE_FIXES=1."
@@ -51,7 +53,13 @@ def run(
     planning.resolve_command(command)  # 127/126 before any planning
     request = deployment.check_request(depth, select=select)
     facts = operations.run_deployment(request)
-    target = discover()
+    try:
+        target = discover()
+    except NoTargetError:
+        raise NoTargetError(
+            "run: no sglang found: it is not installed in this interpreter, whose sglang `npudoctor run` "
+            "fixes (install npudoctor where sglang is, or put sglang on PYTHONPATH)"
+        ) from None
     if target.has_ascend_backend:
         planned = operations.plan_fixes(request, target, facts, unsafe, quiet)
     else:
@@ -63,7 +71,21 @@ def run(
         for p in planned:
             output.say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
     applied = sorted(document["fixes"])
-    if applied:
+    ignored = planning.environment_ignored(command) if applied else None
+    if ignored is not None:
+        # the bootstrap never reaches its processes: only the record of `fix --apply` may
+        not_by_record = operations.record_route(target, document, ignored.environ)
+        if not_by_record is not None:
+            raise InputError(
+                f"run: {ignored.how} ignores the environment npudoctor run sets (PYTHONPATH), so "
+                f"{', '.join(applied)} would not be applied in its processes: drop it, or record them "
+                f"with `npudoctor fix --apply` where sglang loads them ({not_by_record})"
+            )
+        output.say(
+            f"applying {', '.join(applied)} to sglang {target.version} through the record of "
+            f"`npudoctor fix --apply` ({ignored.how} ignores the environment npudoctor run sets)"
+        )
+    elif applied:
         output.say(
             f"applying {', '.join(applied)} to sglang {target.version} in every process of the command"
         )

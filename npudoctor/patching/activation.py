@@ -30,6 +30,7 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import Mapping
 
 KILL_SWITCH = "NPUDOCTOR_DISABLE_FIXES"
 RUN_PLAN = "NPUDOCTOR_RUN_PLAN"  # set by `npudoctor run`: path of the plan its bootstrap applies
@@ -41,8 +42,10 @@ _outcomes: dict[str, str] = {}  # fix id -> "applied" or why not
 _said: set[str] = set()
 
 
-def disabled() -> bool:
-    return os.environ.get(KILL_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+def disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (this process's environment) turns every fix off."""
+    environ = os.environ if environ is None else environ
+    return environ.get(KILL_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def say_once(message: str) -> None:

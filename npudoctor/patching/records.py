@@ -19,12 +19,15 @@ new one:
 
 - the first ``--apply`` writes the ``.dist-info`` beside its final name (``.npudoctor-new-*``)
   and renames it into place: it appears whole;
-- a later ``--apply`` keeps the ``.dist-info`` and replaces each file in it with ``os.replace``,
-  which is atomic per file. A directory that holds files cannot be replaced in one step: moving
-  the old one away and the new one in leaves a moment with no record at all, in which a
-  scheduler starting up would run without its fixes. ``METADATA``, ``entry_points.txt`` and
-  ``INSTALLER`` never change; the plan goes in before ``RECORD``, whose hash of it nothing
-  checks for an installed distribution (pip reads ``RECORD`` for the file list it uninstalls);
+- a later ``--apply`` keeps the ``.dist-info`` and replaces each file in it that differs with
+  ``os.replace``, which is atomic per file. A directory that holds files cannot be replaced in one
+  step: moving the old one away and the new one in leaves a moment with no record at all, in which
+  a scheduler starting up would run without its fixes. ``METADATA``, ``entry_points.txt`` and
+  ``INSTALLER`` never change (they are written again only when someone changed or removed them);
+  ``RECORD`` goes in before the plan, its hash of the plan checked by nothing for an installed
+  distribution (pip reads ``RECORD`` for the file list it uninstalls), and the plan last: when a
+  file cannot be replaced, those already replaced are put back, so a failed ``--apply`` leaves the
+  fixes recorded before;
 - ``--revert`` renames the ``.dist-info`` away (``.npudoctor-old-*``), one step that changes
   nothing when the directory refuses it (read-only, immutable), then deletes it: a revert that
   cannot finish leaves the record whole, never an empty ``.dist-info`` (which pip lists as a
@@ -68,6 +71,7 @@ if TYPE_CHECKING:
 DIST_INFO = "npudoctor_fixes_activation-1.dist-info"
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "npudoctor"
+PLUGIN_OBJECT = "npudoctor.patching.activation:sglang_plugin"  # what the entry point names
 SITE_ENV = "NPUDOCTOR_SITE"  # where the record goes instead of this interpreter's site-packages
 LOCK_FILE = ".npudoctor-fixes.lock"
 LOCK_TIMEOUT = 60.0  # seconds: a change holds the lock for milliseconds; longer is a stopped `fix`
@@ -136,9 +140,7 @@ def write(plan: dict, site: Path | None = None, target: Target | None = None) ->
             staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory))
             _fill(staging, plan)
             if final.is_dir():
-                for name in _FILES:  # the plan before RECORD
-                    os.replace(staging / name, final / name)
-                staging.rmdir()
+                _replace_files(staging, final)  # the files left in staging go below
             else:
                 os.rename(staging, final)
         except OSError as error:  # a full disk, a record directory someone made unwritable
@@ -147,6 +149,47 @@ def write(plan: dict, site: Path | None = None, target: Target | None = None) ->
             if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
     return Written(final, replaced)
+
+
+def _replace_files(staging: Path, final: Path) -> None:
+    """Move the files of ``staging`` that differ over those of the record ``final``, the plan last;
+    when one cannot be replaced (a file someone made immutable), put back the ones already moved
+    and raise: a failed ``--apply`` leaves the record it found, its plan above all."""
+    changed = [name for name in _FILES if not _same(staging / name, final / name)]
+    changed.sort(key=lambda name: name == PLAN_FILE)  # RECORD first: its hash of the plan nothing checks
+    previous: dict[str, bytes | None] = {}
+    for name in changed:
+        try:
+            previous[name] = (final / name).read_bytes()
+        except FileNotFoundError:
+            previous[name] = None
+    done: list[str] = []
+    try:
+        for name in changed:
+            os.replace(staging / name, final / name)
+            done.append(name)
+    except OSError:
+        for name in reversed(done):
+            with contextlib.suppress(OSError):
+                _restore(final / name, previous[name], staging)
+        raise
+
+
+def _same(new: Path, old: Path) -> bool:
+    try:
+        return old.is_file() and not old.is_symlink() and old.read_bytes() == new.read_bytes()
+    except OSError:
+        return False
+
+
+def _restore(path: Path, content: bytes | None, staging: Path) -> None:
+    """Put ``content`` back at ``path`` in one rename (None: there was no such file)."""
+    if content is None:
+        path.unlink()
+        return
+    back = staging / f".back-{path.name}"
+    back.write_bytes(content)
+    os.replace(back, path)
 
 
 def require_writable(site: Path | None = None, target: Target | None = None) -> Path:
@@ -177,7 +220,7 @@ def _fill(staging: Path, plan: dict) -> None:
     files = {
         "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: 1\n"
         "Summary: npudoctor runtime fixes enabled by `npudoctor fix --apply`\n",
-        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = npudoctor.patching.activation:sglang_plugin\n",
+        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_OBJECT}\n",
         PLAN_FILE: json.dumps(plan, indent=2, sort_keys=True) + "\n",
         "INSTALLER": "npudoctor\n",
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npudoctor.errors import InputError, NoTargetError
-from npudoctor.patching import records
+from npudoctor.patching import activation, records
 from npudoctor.service import planning
 
 if TYPE_CHECKING:
@@ -122,6 +122,7 @@ class RecordStatus:
     rows: list[planning.SiteStatus]
     fits: bool  # the record holds what --apply would record now (nothing recorded: no fix is needed)
     next_command: str  # what makes the record fit again
+    not_applied: str | None = None  # why sglang's processes will not apply the record (it does not fit)
 
     @property
     def recorded_for(self):
@@ -132,9 +133,16 @@ class RecordStatus:
         """The fixes needed now that the record lacks: what ``--apply`` would add."""
         return [row.fix_id for row in self.rows if row.state == "not recorded"]
 
+    @property
+    def outdated(self) -> bool:
+        """The record holds other fixes than ``--apply`` would record now: ``next_command`` mends it."""
+        return any(not row.fits and row.state != "not applied" for row in self.rows)
+
     def to_json(self) -> dict:
         data = {"recorded": self.document, "status": [r.__dict__ for r in self.rows], "fits": self.fits}
-        return data if self.fits else {**data, "next": self.next_command}
+        if self.not_applied is not None:
+            data["not_applied"] = self.not_applied
+        return {**data, "next": self.next_command} if self.outdated else data
 
 
 def status(
@@ -145,14 +153,15 @@ def status(
     makes now); if not, the ``fix --apply`` (or ``--revert``) that makes it fit, with the user's
     options. With nothing recorded it fits only when no fix is needed."""
     where = record_dir(setting)
-    rows = planning.status(document or {"fixes": {}}, setting.target, planned)
+    not_loaded = planning.record_not_loaded(setting.target, where) if document is not None else None
+    rows = planning.status(document or {"fixes": {}}, setting.target, planned, not_loaded)
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     if needed:
         command = apply_hint(setting, unsafe, needed)
     else:
         command = planning.hint("fix", "--revert", user=setting.user_options(), deployment=False)
-    fits = all(row.fits for row in rows)
-    return RecordStatus(where / records.DIST_INFO, document, rows, fits, command)
+    fits = all(row.fits for row in rows) and not_loaded is None
+    return RecordStatus(where / records.DIST_INFO, document, rows, fits, command, not_loaded)
 
 
 NOT_SELECTED = "not selected"  # why a recorded fix is dropped: --select left it out
@@ -214,22 +223,25 @@ class PluginNote:
 
 
 def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
-    """How a record reaches sglang's processes: the plugin group ``sglang.srt.plugins`` (sglang
-    0.5.11+ loads it in every scheduler process), else only ``npudoctor run`` (the command, with the
-    user's options and launch command, or where theirs goes)."""
+    """How the record reaches sglang's processes: the plugin group ``sglang.srt.plugins`` (sglang
+    0.5.11+ loads it in every scheduler process), when their plugin loading would apply it in this
+    environment (``planning.record_not_loaded``); else why not, and ``npudoctor run`` (the command,
+    with the user's options and launch command, or where theirs goes), which needs no plugin."""
     target = setting.target
-    if planning.loads_plugins(target):
+    not_loaded = planning.record_not_loaded(target, record_dir(setting))
+    if not_loaded is None:
         return PluginNote(
-            f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) in every "
-            "scheduler process; SGLANG_PLUGINS, if set, must name it",
+            f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) of this "
+            "record in every scheduler process started from this environment",
             warning=False,
         )
+    if activation.disabled():  # no process applies a fix, `npudoctor run`'s neither
+        return PluginNote(f"sglang's processes will not apply the record: {not_loaded}", warning=True)
     selected = setting.request.select
     own = [*(["--select", ",".join(selected)] if selected else []), *(["--unsafe"] if unsafe else [])]
     command = planning.hint("run", *own, user=setting.user_options())
     return PluginNote(
-        f"sglang {target.version} loads no plugins (the sglang.srt.plugins group arrived in 0.5.11): "
-        "start the server with npudoctor run:",
+        f"sglang's processes will not apply the record: {not_loaded}; or start the server with npudoctor run:",
         warning=True,
         command=command,
     )
@@ -249,3 +261,26 @@ def run_deployment(request: CheckRequest) -> Facts:
         if not request.launch_command:
             raise
         return load_deployment(replace(request, launch_command=[])).facts
+
+
+def record_route(target: Target, document: dict, environ: dict[str, str]) -> str | None:
+    """Why the record ``fix --apply`` wrote for ``target`` would not apply the fixes of ``document``
+    (``npudoctor run``'s plan) in a command whose processes have ``environ`` and not the environment
+    ``run`` gives them (``planning.environment_ignored``); None when it would: it holds each of them
+    with the same shape, and sglang's plugin loading applies it there (``planning.record_not_loaded``)."""
+    try:
+        found = records.read_beside(target)
+    except InputError as error:
+        return str(error)
+    if found is None:
+        return f"no fix is recorded for sglang {target.version} in {records.site_dir(None, target)}"
+    record, recorded = found
+    wanted = document["fixes"]
+    missing = [
+        fix_id
+        for fix_id in sorted(wanted)
+        if recorded["fixes"].get(fix_id, {}).get("shape") != wanted[fix_id]["shape"]
+    ]
+    if missing:
+        return f"the record {record} does not hold {', '.join(missing)} as planned now"
+    return planning.record_not_loaded(target, record.parent, environ)

@@ -7,15 +7,19 @@ same behaviour. Patching itself happens in the processes that run sglang
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,12 +188,104 @@ def loads_plugins(target: Target) -> bool:
     return path is not None and records.PLUGIN_GROUP.encode() in target.tree.read(path)
 
 
+PLUGINS_FILTER = "SGLANG_PLUGINS"  # sglang's own: the plugins its processes load, by name
+
+
+def record_not_loaded(
+    target: Target, record_dir: Path, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Why sglang's own plugin loading would not apply the record in ``record_dir`` (the directory
+    holding its ``.dist-info``) in a server started from ``environ`` (default: this process's
+    environment); None when it would. The one answer ``check``, ``advise``, ``fix --apply``/``--status``
+    and ``run`` give.
+
+    sglang's ``load_plugins()`` (``sglang/srt/plugins/__init__.py``, unchanged from 0.5.11 to 0.5.23)
+    loads the entry points of group ``sglang.srt.plugins`` that ``importlib.metadata.entry_points()``
+    finds on the process's ``sys.path`` (the first distribution of each name), skips those whose name
+    ``SGLANG_PLUGINS`` (comma-separated, blanks stripped) does not list when it is set, and keeps one
+    per name, the last (``SGLANG_PLATFORM`` skips only distributions that provide a platform plugin,
+    which the record does not). The same rule is asked here of the same inputs: the sys.path a
+    server has (``server_path``) and the variables as ``environ`` holds them."""
+    environ = os.environ if environ is None else environ
+    if not loads_plugins(target):
+        return f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
+    if activation.disabled(environ):
+        return f"{activation.KILL_SWITCH} is set: sglang's processes apply no fix"
+    allowed = environ.get(PLUGINS_FILTER, "")
+    if allowed and records.PLUGIN_NAME not in {name.strip() for name in allowed.split(",")}:
+        return (
+            f"{PLUGINS_FILTER} is set and does not name {records.PLUGIN_NAME}: sglang's processes skip "
+            f"its plugin (add {records.PLUGIN_NAME} to it)"
+        )
+    path = server_path(target, environ)
+    here = record_dir.resolve()
+    if here not in {Path(entry or ".").resolve() for entry in path}:
+        return (
+            f"{record_dir} is not on the sys.path of sglang's processes (the directory sglang is imported "
+            "from, PYTHONPATH, this environment's site-packages): put it on their PYTHONPATH"
+        )
+    found = _plugin_entry_point(path)
+    if found is None:
+        return (
+            f"the record has no entry point in group {records.PLUGIN_GROUP} (its entry_points.txt): "
+            "`npudoctor fix --apply` writes it again"
+        )
+    location, value = found
+    if location != here:
+        return (
+            f"sglang's processes load the plugin {records.PLUGIN_NAME} from {location}, not from this record"
+        )
+    if value != records.PLUGIN_OBJECT:
+        return f"the record's entry point names {value}, not {records.PLUGIN_OBJECT}"
+    return None
+
+
+def server_path(target: Target, environ: Mapping[str, str]) -> list[str]:
+    """The ``sys.path`` on which a server started from ``environ`` finds distributions: the directory
+    sglang is imported from (``records.import_dir``; none for a source tree), ``environ``'s
+    ``PYTHONPATH``, then this interpreter's entries (its site-packages) but those its own
+    ``PYTHONPATH`` put there."""
+    own = {os.path.abspath(entry) for entry in _pythonpath(os.environ)}
+    entries = []
+    with contextlib.suppress(InputError):  # a source tree: imported through an install not seen here
+        entries.append(str(records.import_dir(target)))
+    entries += _pythonpath(environ)
+    entries += [entry for entry in sys.path if os.path.abspath(entry or ".") not in own]
+    return list(dict.fromkeys(entries))
+
+
+def _pythonpath(environ: Mapping[str, str]) -> list[str]:
+    return [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def _plugin_entry_point(path: list[str]) -> tuple[Path, str] | None:
+    """Where the plugin named ``npudoctor`` that sglang would load on ``path`` comes from (its
+    distribution's directory) and what it names: as ``importlib.metadata.entry_points()``, the first
+    distribution of each name in path order; as ``load_plugins()``, of one name the last."""
+    seen: set[str] = set()
+    found = None
+    for dist in importlib.metadata.distributions(path=path):
+        # the name entry_points() tells distributions apart by (importlib.metadata's own, from the
+        # .dist-info's name: no METADATA parsed), else the one in METADATA
+        name = (
+            getattr(dist, "_normalized_name", None)
+            or re.sub(r"[-_.]+", "_", dist.metadata["Name"] or "").lower()
+        )
+        if name and name in seen:
+            continue
+        seen.add(name)
+        for entry in dist.entry_points:
+            if entry.group == records.PLUGIN_GROUP and entry.name == records.PLUGIN_NAME:
+                found = (Path(str(dist.locate_file(""))).resolve(), entry.value)
+    return found
+
+
 @dataclass(frozen=True)
 class SiteStatus:
     """One fix as ``--status`` sees it: recorded, or needed now and not recorded."""
 
     fix_id: str
-    state: str  # "in place" | "stale" | "not needed" | "unknown fix" | "not recorded"
+    state: str  # "in place" | "not applied" | "stale" | "not needed" | "unknown fix" | "not recorded"
     detail: str
 
     @property
@@ -198,10 +294,14 @@ class SiteStatus:
         return self.state == "in place"
 
 
-def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteStatus]:
+def status(
+    document: dict, target: Target, planned: list[Planned], not_loaded: str | None = None
+) -> list[SiteStatus]:
     """Whether each recorded fix still matches the installed code (sglang may have changed since)
     and whether the deployment still needs it, and which fix it needs now that is not recorded
-    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix."""
+    (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix.
+    ``not_loaded`` (``record_not_loaded``): why sglang's processes will not apply the record; a fix
+    that would be in place is then "not applied"."""
     decided = {p.fix.id: p for p in planned}
     found = []
     for p in planned:
@@ -231,7 +331,7 @@ def status(document: dict, target: Target, planned: list[Planned]) -> list[SiteS
             )
             if decision.action is Action.REFUSED:
                 detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
-            found.append(SiteStatus(fix_id, "in place", detail))
+            found.append(SiteStatus(fix_id, "in place" if not_loaded is None else "not applied", detail))
     return found
 
 
@@ -295,9 +395,10 @@ def _recorded_line(fixes: dict[str, dict]) -> str:
 
 def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixes | None:
     """The fixes ``fix --apply`` recorded for ``target`` (``records.read_beside``) that a check at
-    ``depth`` is judged with: those whose shape the installed code still has, when this sglang loads
-    the record (0.5.11+), fixes are not turned off (``NPUDOCTOR_DISABLE_FIXES``) and the depth runs
-    fixes (not ``static``: a fix is judged by running it). ``use`` False (``--no-recorded-fixes``):
+    ``depth`` is judged with: those whose shape the installed code still has, when sglang's own
+    plugin loading would apply the record in this environment (``record_not_loaded``: 0.5.11+, fixes
+    not turned off, ``SGLANG_PLUGINS`` naming it, the record on the server's path with its entry
+    point) and the depth runs fixes (not ``static``: a fix is judged by running it). ``use`` False (``--no-recorded-fixes``):
     none, each said. None when nothing is recorded for this target."""
     try:
         found = records.read_beside(target)
@@ -323,10 +424,8 @@ def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixe
     reason = None
     if not use:
         reason = "--no-recorded-fixes: the installed code alone"
-    elif not loads_plugins(target):
-        reason = f"sglang {target.version} loads no plugins (0.5.11+ do): the record reaches no process"
-    elif activation.disabled():
-        reason = f"{activation.KILL_SWITCH} is set: sglang's processes apply no fix"
+    elif (not_loaded := record_not_loaded(target, path.parent)) is not None:
+        reason = not_loaded
     elif depth == "static":
         reason = "--depth static runs no fix (--depth auto judges the deployment with it)"
     if reason is not None:
@@ -396,6 +495,99 @@ def resolve_command(command: list[str]) -> str:
             "or use `env NAME=value cmd`)"
         )
     raise CommandNotFound(f"run: command not found: {shown}")
+
+
+@dataclass(frozen=True)
+class IgnoredEnvironment:
+    """How a command's Python misses the environment ``npudoctor run`` gives it (its bootstrap on
+    ``PYTHONPATH``, the plan in ``NPUDOCTOR_RUN_PLAN``): ``how`` names it (``python -E``, ``env -i``),
+    ``environ`` is the environment its processes do have."""
+
+    how: str
+    environ: dict[str, str]
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_ENV_OPTION_ARGUMENT = "uCS"  # env's short options that take a value: -u NAME, -C DIR, -S STRING
+_PYTHON_OPTION_ARGUMENT = "WX"  # python's: -W ARG, -X OPT (-c and -m end its options)
+
+
+def environment_ignored(command: Sequence[str]) -> IgnoredEnvironment | None:
+    """Whether ``command`` runs a Python that ignores the environment ``npudoctor run`` sets, as the
+    words say: ``env -i``/``env -``, ``env -u PYTHONPATH``, a ``PYTHONPATH=`` assignment, or the
+    interpreter's ``-E`` or ``-I`` (read only before ``-c``, ``-m`` or the script: after them, a word
+    is the program's). None when nothing says so (a wrapper npudoctor does not read, ``sudo``, is not
+    looked into)."""
+    words, environ, how = list(command), dict(os.environ), None
+    if words and os.path.basename(words[0]) == "env":
+        words, how = _env_options(words[1:], environ)
+        while words and _ASSIGNMENT.match(words[0]):
+            name, _, value = words.pop(0).partition("=")
+            environ[name] = value
+            how = "PYTHONPATH=... in the command" if name == "PYTHONPATH" and how is None else how
+    if how is None and words and _PYTHON.fullmatch(os.path.basename(words[0])):
+        how = _python_ignoring_flag(words[1:])
+        if how is not None:
+            environ = {name: value for name, value in environ.items() if not name.startswith("PYTHON")}
+    return IgnoredEnvironment(how, environ) if how is not None else None
+
+
+def _env_options(words: list[str], environ: dict[str, str]) -> tuple[list[str], str | None]:
+    """``env``'s options at the start of ``words`` applied to ``environ``: the words after them, and
+    how they drop what ``npudoctor run`` sets (``env -i``, ``env -u PYTHONPATH``)."""
+    how = None
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        if word == "--":
+            break
+        unset = None
+        if word in ("-", "-i", "--ignore-environment"):
+            environ.clear()
+            how = "env -i"
+            continue
+        if word.startswith("--"):
+            name, equals, value = word.partition("=")
+            if name == "--unset":
+                unset = value if equals else (words.pop(0) if words else "")
+            elif name in ("--chdir", "--split-string") and not equals and words:
+                words.pop(0)
+        else:
+            for position, letter in enumerate(word[1:], 1):
+                if letter == "i":
+                    environ.clear()
+                    how = "env -i"
+                elif letter in _ENV_OPTION_ARGUMENT:
+                    value = word[position + 1 :] or (words.pop(0) if words else "")
+                    unset = value if letter == "u" else None
+                    break
+        if unset is not None:
+            environ.pop(unset, None)
+            if unset == "PYTHONPATH" and how is None:
+                how = "env -u PYTHONPATH"
+    return words, how
+
+
+def _python_ignoring_flag(words: list[str]) -> str | None:
+    """``python -E`` or ``python -I`` when the interpreter's options (``words``, up to ``-c``, ``-m``
+    or the script) hold one: both ignore every ``PYTHON*`` variable, ``PYTHONPATH`` with them."""
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word in ("-", "--") or not word.startswith("-"):
+            return None  # the script (or stdin) is next
+        if word.startswith("--"):
+            continue  # --version, --help
+        for position, letter in enumerate(word[1:], 1):
+            if letter in "EI":
+                return f"python -{letter}"
+            if letter in "cm":
+                return None
+            if letter in _PYTHON_OPTION_ARGUMENT:
+                index += position == len(word) - 1  # its value: the rest of the word, or the next one
+                break
+    return None
 
 
 class CommandNotFound(InputError):
@@ -472,7 +664,8 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
     ``npudoctor COMMAND OWN...`` (the command's own options: ``--apply --select NPD001``), then the
     user's options that COMMAND takes (``user``; ``deployment=False``: only the target and
     ``--site``), the depth where it is not COMMAND's default, and last ``--`` and the launch
-    command: an option after ``--`` would be a word of the launch command. Every word is quoted for a
+    command: an option after ``--`` would be a word of the launch command (``run`` executes it, so a
+    leading ``NAME=value`` goes through ``env``, as a shell runs it). Every word is quoted for a
     shell (``npudoctor.terminal.shell_join``: as ``shlex.join`` quotes it, a value with a control
     character as ``$'...'``)."""
     user = user or UserOptions()
@@ -488,5 +681,7 @@ def hint(command: str, *own: str, user: UserOptions | None = None, deployment: b
     if command == "fix":
         words += user.site
     if launch:
+        if command == "run" and _ASSIGNMENT.match(launch[0]):
+            launch = ["env", *launch]  # `run` executes the command: a shell's `X=1 cmd` is `env X=1 cmd`
         words += ["--", *launch]
     return shell_join(words)

@@ -133,6 +133,61 @@ def test_run_says_what_it_applies_in_one_line(release):
     assert len(said) == 1 and said[0].startswith("npudoctor: applying NPD001"), buggy.stderr
 
 
+# the command's Python ignores the environment, where the bootstrap of `run` is (PYTHONPATH)
+IGNORES_ENVIRONMENT = {
+    "python -E": [sys.executable, "-E", "-c", "pass"],
+    "python -I": [sys.executable, "-X", "dev", "-sI", "-c", "pass"],
+    "env -i": ["env", "-i", sys.executable, "-c", "pass"],
+    "env -u PYTHONPATH": ["env", "-u", "PYTHONPATH", sys.executable, "-c", "pass"],
+}
+
+
+@pytest.mark.parametrize("form", sorted(IGNORES_ENVIRONMENT))
+def test_run_refuses_to_claim_fixes_a_command_that_ignores_the_environment_never_gets(release, form):
+    done = _run("run", "--depth", "static", "--", *IGNORES_ENVIRONMENT[form],
+                env={"PYTHONPATH": str(release("0.5.12"))})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("npudoctor: [")]
+    assert len(lines) == 1 and lines[0].startswith("npudoctor: error: run:"), done.stderr
+    assert form in lines[0] and "NPD001" in lines[0] and "applying" not in done.stderr, lines[0]
+
+
+def test_run_reads_python_flags_only_before_the_program(release):
+    """``-E`` after ``-c CODE`` is an argument of the code, not a flag of the interpreter."""
+    done = _run("run", "--depth", "static", "--", sys.executable, "-W", "ignore", "-c", "pass", "-E",
+                env={"PYTHONPATH": str(release("0.5.12"))})  # fmt: skip
+    assert done.returncode == 0 and "npudoctor: applying NPD001" in done.stderr, done.stderr
+
+
+def test_run_without_sglang_names_no_option_run_rejects(tmp_path):
+    done = _run(
+        "run", "--depth", "static", "--", sys.executable, "-c", "pass", env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert done.returncode == 4, done.stderr
+    assert "no sglang found" in done.stderr and "--sglang-path" not in done.stderr, done.stderr
+
+
+def test_the_printed_run_command_with_an_env_assignment_works_pasted(cli, release, tmp_path, monkeypatch):
+    """``fix`` on a release that loads no plugins prints the ``npudoctor run`` that starts the server
+    with the fixes; the user's launch command starts with an assignment (``ASCEND_USE_FIA=1 python
+    ...``), which a shell runs, and ``run`` must run it too once pasted."""
+    monkeypatch.setenv("NPUDOCTOR_SITE", str(tmp_path))
+    launch = ["ASCEND_USE_FIA=1", *FORMS["launch command"][1:]]
+    code, out, err = cli("fix", "--apply", "--unsafe", "--sglang-path", release("0.5.9"), "--", *launch)
+    assert code == 0, err
+    (hint,) = [line.strip() for line in out.splitlines() if line.strip().startswith("npudoctor run ")]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"  # the server: says what it was started with
+    fake.write_text('#!/bin/sh\necho "started with ASCEND_USE_FIA=$ASCEND_USE_FIA: $*"\n')
+    fake.chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
+    done = _run(shell=hint, env={"PATH": path, "PYTHONPATH": str(release("0.5.9"))})
+    assert done.returncode == 0, f"{hint}\n{done.stderr}"
+    assert done.stdout.startswith("started with ASCEND_USE_FIA=1: -m sglang.launch_server"), done.stdout
+    assert "applying NPD002" in done.stderr, done.stderr
+
+
 def test_run_quiet_says_nothing_when_no_fix_applies(release):
     clean = {"PYTHONPATH": str(release("0.5.23"))}
     quiet = _run(

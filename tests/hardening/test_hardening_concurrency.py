@@ -81,11 +81,13 @@ def document(release, tmp_path_factory) -> dict:
 
 
 @pytest.fixture
-def site(document, tmp_path) -> Path:
-    """A site directory holding that record, as ``fix --apply`` wrote it."""
+def site(document, tmp_path, monkeypatch) -> Path:
+    """A site directory holding that record, as ``fix --apply`` wrote it, on the PYTHONPATH a server
+    started here has (sglang's plugin loading finds the record: ``fix --status`` says it fits)."""
     directory = tmp_path / "site"
     directory.mkdir()
     records.write(document, directory)
+    monkeypatch.setenv("PYTHONPATH", str(directory))
     return directory
 
 
@@ -307,6 +309,40 @@ def test_apply_select_says_which_recorded_fixes_it_drops(cli, release, tmp_path)
     assert code == 0, err
     applied = json.loads(out)
     assert applied["applied"] == ["NPD001"] and applied["dropped"] == {"NPD006": "not selected"}, applied
+
+
+@contextlib.contextmanager
+def immutable(path: Path):
+    """``path`` that no rename can replace: the immutable attribute (root writes through any mode)."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i does not work here: {done.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("blocked", ["RECORD", records.PLAN_FILE])
+def test_an_apply_that_cannot_write_the_record_leaves_the_previous_one_as_it_was(
+    cli, release, tmp_path, blocked
+):
+    """An ``--apply`` that fails half-way through replacing the record's files (one of them cannot be
+    replaced) exits 2 and leaves every file of the record it found, the plan first: the fixes
+    recorded before are all still recorded."""
+    directory = tmp_path / "site"
+    directory.mkdir()
+    code, out, err = apply(cli, release, directory, "--depth", "static", config=DEEPSEEK_PD)
+    assert code == 0 and "recorded NPD001, NPD006" in out, err
+    before = intact(directory)
+    with immutable(directory / records.DIST_INFO / blocked):
+        code, out, err = apply(cli, release, directory, "--depth", "static", "--select", "NPD001",
+                               config=DEEPSEEK_PD)  # fmt: skip
+        assert code == 2 and out == "", err
+        assert "cannot write the fix record" in one_error_line(err)
+    assert intact(directory) == before
+    assert sorted(records.read(directory)["fixes"]) == ["NPD001", "NPD006"]
+    assert others(directory) == []
 
 
 # -- a --revert that cannot finish --------------------------------------------------------------

@@ -226,11 +226,12 @@ def test_npudoctor_env_redacts_the_process_environment(cli, secret_env):
     assert {name: data[name] for name in VALUE_REDACTED} == VALUE_REDACTED
 
 
-def test_fix_plan_record_and_run_plan_hold_no_secret(cli, release, tmp_path, secret_env):
+def test_fix_plan_record_and_run_plan_hold_no_secret(cli, release, tmp_path, secret_env, monkeypatch):
     config = deployment_yaml(tmp_path)
     tree = release("0.5.12")
     site = tmp_path / "site"
     site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))  # on the server's path: sglang loads the record
     for extra in ((), ("--format", "json")):
         code, out, err = cli("fix", "--sglang-path", tree, "--config", config, *extra)
         assert code == 0, err
@@ -414,11 +415,12 @@ def test_json_valued_flags_are_redacted_in_every_format(cli, release, tmp_path, 
     assert_json_flags_redacted(report["deployment"]["roles"][0])
 
 
-def test_fix_plan_and_record_of_a_launch_command_hold_no_json_secret(cli, release, tmp_path):
+def test_fix_plan_and_record_of_a_launch_command_hold_no_json_secret(cli, release, tmp_path, monkeypatch):
     """``fix`` (text and JSON), ``fix --apply`` (its output and every file of the record) and
     ``--status`` for a launch command with JSON-valued flags and a secret flag."""
     tree, site = release("0.5.12"), tmp_path / "site"
     site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))  # on the server's path: sglang loads the record
     command = launch_command(
         *JSON_FLAGS, "--disaggregation-mode", "decode", "--api-key", ARG_SECRETS["--api-key"]
     )

@@ -29,10 +29,12 @@ FIXED_HERE = ("NPD001", "NPD006")  # safe fixes of the defects DeepSeek-V3 PD ca
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """Where `fix --apply` records and `check` looks (NPUDOCTOR_SITE): the test's own directory,
-    never beside the shared release trees."""
+    never beside the shared release trees, and on the PYTHONPATH a server started here has, where
+    sglang's plugin loading finds the record."""
     directory = tmp_path / "site"
     directory.mkdir()
     monkeypatch.setenv(records.SITE_ENV, str(directory))
+    monkeypatch.setenv("PYTHONPATH", str(directory))
     return directory
 
 
@@ -133,3 +135,70 @@ def test_status_with_nothing_recorded_says_what_apply_would_record(cli, release,
     code, out, err = cli("fix", "--status", *new)
     assert not _present(NEW) and code == 0, out + err
     assert "no fix is needed for this sglang and deployment: --apply would record none" in out
+
+
+# -- a record sglang's own plugin loading would not run is never judged --------------------------
+# sglang's load_plugins() (sglang/srt/plugins/__init__.py, the same in 0.5.11 to 0.5.23): the entry
+# points of group sglang.srt.plugins on the server's sys.path, those SGLANG_PLUGINS (comma-separated)
+# does not name skipped when it is set
+
+
+def _unload(how: str, site, monkeypatch) -> str:
+    """Put the record of ``site`` out of reach of sglang's plugin loading, ``how``; the words the
+    reason names."""
+    if how == "SGLANG_PLUGINS names another plugin":
+        monkeypatch.setenv("SGLANG_PLUGINS", "other_plugin, another")
+        return "SGLANG_PLUGINS"
+    if how == "the site is off the server's path":
+        monkeypatch.delenv("PYTHONPATH")
+        return "not on the sys.path"
+    (site / records.DIST_INFO / "entry_points.txt").unlink()  # the entry point removed
+    return "no entry point"
+
+
+UNLOADED = ["SGLANG_PLUGINS names another plugin", "the site is off the server's path", "entry point removed"]
+
+
+@pytest.mark.parametrize("how", UNLOADED)
+def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(
+    cli, release, site, monkeypatch, how
+):
+    from npudoctor.service.planning import recorded_fixes
+    from npudoctor.target.discovery import discover
+
+    tree = release(OLD)
+    code, out, err = cli("fix", "--apply", "-f", "json", "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    assert code == 0 and json.loads(out)["applied"], err
+    target = discover(tree)
+    assert sorted(recorded_fixes(target, "auto").plan) == _present(OLD)  # within reach: judged with it
+    said = _unload(how, site, monkeypatch)
+
+    recorded = recorded_fixes(target, "auto")
+    assert recorded.plan == {}, recorded  # the live probes would run without it, as the server does
+    assert all(said in why for why in recorded.not_used.values()), recorded.not_used
+    _, report = _check(cli, tree, "--depth", "static")
+    line = report["recorded_fixes"]["line"]
+    assert said in line and "--depth static" not in line, line  # the reason that holds at every depth
+
+    status = ("fix", "--status", "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    code, out, err = cli(*status)
+    assert code == 1, out + err
+    assert " in place " not in out and said in out, out
+    code, out, _ = cli(*status, "-f", "json")
+    document = json.loads(out)
+    assert document["fits"] is False and said in document["not_applied"], document
+    assert {row["state"] for row in document["status"]} == {"not applied"}, document
+
+
+def test_sglang_plugins_naming_npudoctor_among_others_keeps_the_record_judged(
+    cli, release, site, monkeypatch
+):
+    from npudoctor.service.planning import recorded_fixes
+    from npudoctor.target.discovery import discover
+
+    tree = release(OLD)
+    cli("fix", "--apply", "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    monkeypatch.setenv("SGLANG_PLUGINS", "other_plugin, npudoctor ,")  # sglang strips each name
+    assert sorted(recorded_fixes(discover(tree), "auto").plan) == _present(OLD)
+    code, out, err = cli("fix", "--status", "--sglang-path", tree, "--config", DEEPSEEK_PD)
+    assert code == 0 and "in place" in out, out + err
