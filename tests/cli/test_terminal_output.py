@@ -32,7 +32,7 @@ def run_at(cli, monkeypatch, width: int, *args) -> tuple[int, list[str]]:
 
 def is_command(line: str) -> bool:
     """A command to copy: the one kind of line allowed past the width (never wrapped)."""
-    return "npudoctor fix " in line
+    return re.search(r"\bnpudoctor (?:fix|run|check|advise) ", line) is not None
 
 
 def over_width(lines: list[str], width: int, also=lambda line: False) -> list[str]:
