@@ -310,3 +310,78 @@ def test_real_deployments_are_far_below_the_limits():
             measured.nodes,
         )
         assert path.stat().st_size < MAX_YAML_BYTES // 30
+
+
+# -- the sglang tree: only regular files of bounded size are read --------------------------------------
+
+# the largest .py file npudoctor reads from a tree (README, "Input limits"): sglang's largest is
+# ~250 KB (server_args.py)
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+PLANTED = "sglang/srt/planted.py"  # a module of the tree the static depth reads (every .py is)
+
+
+def static_check(tree: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
+    """``check --depth static`` on ``tree`` in a capped child: its result, wall time and JSON report."""
+    done, seconds = npudoctor_child(
+        "check", "--depth", "static", "--format", "json", "--sglang-path", tree, "--config",
+        EXAMPLES / "deepseek-v3-pd.yaml",
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    report = json.loads(done.stdout) if done.stdout.strip() else {}
+    return done, seconds, report
+
+
+def errored(report: dict) -> list[str]:
+    return [r["id"] for r in report.get("results", []) if r["status"] == "error"]
+
+
+def test_a_fifo_in_the_tree_does_not_hang_check(tmp_path, release, overlay):
+    """A ``.py`` that is a FIFO (anyone who can write to a shared tree can make one): opening it
+    waits for a writer forever. It is not read, and the checks judge the rest of the tree."""
+    tree = overlay(release("0.5.12"))
+    os.mkfifo(tree / PLANTED)
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: not a regular file"], report["target"]
+    assert seconds < CHILD_SECONDS * 2, seconds
+
+
+def test_a_py_linked_to_dev_zero_is_not_read(tmp_path, release, overlay):
+    """A ``.py`` linked to /dev/zero reads forever (2.7 GB before the child ran out, uncapped): only
+    regular files are read."""
+    tree = overlay(release("0.5.12"))
+    (tree / PLANTED).symlink_to("/dev/zero")
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: not a regular file"], report["target"]
+    assert seconds < CHILD_SECONDS * 2, seconds
+
+
+def test_a_py_larger_than_the_limit_is_skipped_with_a_note(tmp_path, release, overlay):
+    """A regular ``.py`` larger than any real module (a planted 5 MB file) is not read: the report
+    says it was skipped, and the checks judge the rest of the tree."""
+    tree = overlay(release("0.5.12"))
+    big = tree / PLANTED
+    big.write_bytes(b"# " + b"x" * MAX_SOURCE_BYTES + b"\nclass AscendAttnBackend: pass\n")
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: larger than 4 MiB"], report["target"]
+
+
+def test_a_dangling_py_link_does_not_turn_the_checks_into_errors(tmp_path, release, overlay):
+    """A ``.py`` symlink whose target is gone (a half-removed checkout): skipped, not an error result."""
+    tree = overlay(release("0.5.12"))
+    (tree / PLANTED).symlink_to(tmp_path / "gone.py")
+    done, _, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: a dangling link"], report["target"]
+    # and the verdicts are those of the tree without the link
+    (tree / PLANTED).unlink()
+    _, _, clean = static_check(tree)
+    assert [(r["id"], r["status"]) for r in report["results"]] == [
+        (r["id"], r["status"]) for r in clean["results"]
+    ]
