@@ -33,7 +33,10 @@ def live_probe(
                 evidence.append(
                     Evidence(
                         expected=f"{cls.__name__}: KV of the offloaded slots comes back bit for bit",
-                        observed=f"{cls.__name__} (live, CPU): every layer and buffer round-tripped",
+                        observed=(
+                            f"{cls.__name__} (live, CPU): every layer and buffer round-tripped"
+                            + livepools.sampled_note(facts.model)
+                        ),
                         location=code_location(cls, "get_cpu_copy"),
                     )
                 )
@@ -62,7 +65,7 @@ def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
     import torch
 
     try:
-        pool = livepools.build_pool(cls, facts.model, role)
+        pool = livepools.build_pool(cls, livepools.probed_model(facts.model), role)
     except livepools.CannotBuild as reason:
         return Evidence(
             expected=f"a {cls.__name__} for this deployment",

@@ -700,7 +700,7 @@ class _LiveProbe:
 
         if sub is not None:
             return self._build_composite(top, sub)
-        return livepools.build_pool(_live_class(top), self.facts.model, self.role)
+        return livepools.build_pool(_live_class(top), livepools.probed_model(self.facts.model), self.role)
 
     def _build_composite(self, top: ClassInfo, sub: ClassInfo) -> Any:
         """The composite pool with the NPU pool below it; only the hybrid linear-attention pool
@@ -889,7 +889,8 @@ class _LiveProbe:
         notes = "".join(f"; {n}" for n in run.entry.notes)
         return Evidence(
             expected=f"{run.entry.method}: every level receives the keywords its caller passes",
-            observed=f"{run.entry.describe()}; delivered at each level: {levels}{notes}{_LIVE}",
+            observed=f"{run.entry.describe()}; delivered at each level: {levels}{notes}{_LIVE}"
+            + _sampled(self.facts.model),
             location=run.entry.location(),
         )
 
@@ -901,6 +902,7 @@ class _LiveProbe:
             observed=(
                 f"{len(snapshot.slots)} token slots{mamba} of {snapshot.buffers} buffer(s), every layer, "
                 f"offloaded, overwritten and reloaded through {name}: every bit came back{_LIVE}"
+                + _sampled(self.facts.model)
             ),
         )
 
@@ -1033,3 +1035,9 @@ def import_path_modules() -> None:
     for sliding, hybrid in ((False, False), (True, True)):
         for cls in graph.path(["mla", "mha"], sliding, hybrid).classes():
             importlib.import_module(cls.module)
+
+
+def _sampled(model: ModelFacts | None) -> str:
+    from npudoctor.live import livepools
+
+    return livepools.sampled_note(model)

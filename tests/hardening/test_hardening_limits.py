@@ -385,3 +385,82 @@ def test_a_dangling_py_link_does_not_turn_the_checks_into_errors(tmp_path, relea
     assert [(r["id"], r["status"]) for r in report["results"]] == [
         (r["id"], r["status"]) for r in clean["results"]
     ]
+
+
+# -- the live depth: memory flat in the model's size, parallel sizes bounded -----------------------------
+
+# the parallel sizes that size the live depth's work, and the most each may be (README, "Input limits")
+MAX_SERVER_SIZES = {"tp_size": 1024, "dp_size": 1024, "pp_size": 1024, "attn_cp_size": 64, "page_size": 1024}
+
+
+def deployment_with_layers(tmp_path: Path, layers: int) -> Path:
+    """examples/deepseek-v3-pd.yaml (prefill PP 2, decode TP 16) with a model of ``layers`` layers."""
+    folder = tmp_path / f"layers-{layers}"
+    folder.mkdir()
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(config))
+    deploy = folder / "deploy.yaml"
+    deploy.write_text((EXAMPLES / "deepseek-v3-pd.yaml").read_text().replace("models/deepseek-v3/", ""))
+    return deploy
+
+
+def live_child(*args: str | Path) -> subprocess.CompletedProcess:
+    """``npudoctor ARGS`` in a fresh process (its live child its own, not a zygote's fork)."""
+    environ = {**os.environ, "PYTHONPATH": str(CODE), "NPUDOCTOR_NO_CACHE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "npudoctor", *map(str, args)],
+        capture_output=True, text=True, env=environ, cwd=CODE, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_live_depth_memory_is_flat_in_the_model_layers(tmp_path, release):
+    """A model config of 2,000 layers took 3.4 GB in the live child (~1.4 MB a layer: every probe's
+    pools held every layer), 20,000 tried to allocate 13 GB. The probes are flat in the layer count:
+    the child's peak over its import stays within a small factor of a real 61-layer model's, and the
+    evidence says when fewer layers than the model's were probed."""
+    tree = release("0.5.13")
+    grown = {}
+    for layers in (61, 2000):
+        done = live_child(
+            "check", "--depth", "live", "--format", "json", "--sglang-path", tree,
+            "--config", deployment_with_layers(tmp_path, layers), "-s", "NPD",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        report = json.loads(done.stdout)
+        live = report["live"]
+        grown[layers] = live["peak_rss_mb"] - live["import_rss_mb"]
+        assert not [r["id"] for r in report["results"] if r["status"] == "error"], report["results"]
+        statuses = {r["id"]: r["status"] for r in report["results"]}
+        if layers == 61:
+            real = statuses
+        else:
+            assert statuses == real, (statuses, real)  # the same verdicts as the real model's
+            observed = json.dumps(report["results"])
+            assert "of 2000 layers" in observed, observed[:3000]  # the sampling is said
+    assert grown[2000] < 1.5 * grown[61] + 50, grown
+
+
+@pytest.mark.parametrize("key", sorted(MAX_SERVER_SIZES))
+def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, release, key):
+    """``attn_cp_size: 2147483647`` passed the 32-bit check and took the live child to 6 GB (NPD004's
+    probe runs every CP rank): each size that sizes the probes' work is bounded, exit 2 naming it."""
+    most = MAX_SERVER_SIZES[key]
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(
+        "model: {config: %s}\nroles: {prefill: {server_args: {%s: %d}}}\n"
+        % (MODEL_DIR / "config.json", key, 2**31 - 1)
+    )
+    done, seconds = npudoctor_child(
+        "check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", deploy
+    )
+    line = one_error_line(done)
+    assert f"{key} {2**31 - 1} is larger than {most}" in line and "roles.prefill" in line, line
+    assert seconds < CHILD_SECONDS, seconds
+    # the limit itself is accepted as far as this input goes
+    deploy.write_text(
+        "model: {config: %s}\nroles: {prefill: {server_args: {%s: %d}}}\n" % (MODEL_DIR / "config.json", key, most)
+    )
+    if key != "pp_size":  # pp_size is also at most the model's 61 layers
+        load.from_yaml(deploy)
