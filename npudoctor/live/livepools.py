@@ -8,8 +8,8 @@ parameters, and a required one npudoctor cannot fill is reported, not guessed.
 
 The probes' memory is flat in the model's size. A pool's layers are alike (one constructor loop
 makes every layer's buffers, one loop offloads or describes them), so a probe of one pool builds at
-most ``PROBED_LAYERS`` of them (``probed_model``), which every real model of up to 64 layers
-(DeepSeek-V3, Kimi-K2: 61) fills whole, and says in its evidence when it built fewer than the
+most ``PROBED_LAYERS`` of them (``probed_model``), which every real model fills whole (DeepSeek-V3
+and Kimi-K2 have 61 layers, Llama-3.1-405B 126), and says in its evidence when it built fewer than the
 model has (``sampled_note``). A 2,000-layer config cost 3.4 GB before. A pool whose few pages would
 still take more than ``MAX_POOL_BYTES`` (dimensions far beyond a real model's) is not built: the
 probe cannot tell (``CannotBuild``), it does not pass.
@@ -35,11 +35,12 @@ torch = lazy_module("torch")  # executed by the first live probe, never by the s
 
 GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
-# The layers a probe builds of one pool: a real model's whole stage up to this (DeepSeek-V3: 61),
-# a sample of the model's first layers beyond it.
-PROBED_LAYERS = 64
-# One pool's buffers, at most: 64 layers of DeepSeek-V3 (MLA, 576 values a token) at page size 128
-# take 48 MB, of Llama-3-70B's 8 KV heads at TP 1 take 170 MB.
+# The layers a probe builds of one pool: a real model's whole stage up to this (DeepSeek-V3: 61,
+# Llama-3.1-405B: 126), the model's first layers beyond it. The live child's peak grows ~1.4 MB a
+# probed layer (DeepSeek-V3's dimensions): 128 layers cost ~180 MB over the import of sglang.
+PROBED_LAYERS = 128
+# One pool's buffers, at most: 128 layers of DeepSeek-V3 (MLA, 576 values a token) at page size 128
+# take 94 MB, of Llama-3-70B's 8 KV heads at TP 1 take 335 MB.
 MAX_POOL_BYTES = 512 * 1024 * 1024
 T = TypeVar("T")
 
