@@ -467,3 +467,34 @@ def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, rele
         "model: {config: %s}\nroles: {prefill: {server_args: {%s: %d}}}\n" % (MODEL_DIR / "config.json", key, most)
     )
     load.from_yaml(deploy)
+
+
+# a model config's dimensions far beyond a real model's (the 32-bit check admits them), each in
+# the tensors of one live probe: NPD001's pools (MLA latent rank), NPD004's CP batch (query heads)
+OVERSIZED = {
+    "a pool of a 16384-wide MLA latent": ("deepseek-v3-pd.yaml", "deepseek-v3", {"kv_lora_rank": 16384}, "NPD001"),
+    "a CP batch of 2048 query heads": ("qwen3-cp-prefill.yaml", "qwen3-30b-a3b", {"num_attention_heads": 2048}, "NPD004"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", OVERSIZED)
+def test_a_probe_of_oversized_dimensions_cannot_tell_within_bounded_memory(tmp_path, release, case):
+    """A pool or a batch that would take more than 512 MiB is not built (1.3 GB and more before, and
+    any size the dimensions asked for): the probe cannot tell, and says how much it would take."""
+    example, model, changes, check = OVERSIZED[case]
+    config = json.loads((EXAMPLES / "models" / model / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text((EXAMPLES / example).read_text().replace(f"models/{model}/", ""))
+    done = live_child(
+        "check", "--depth", "live", "--format", "json", "--sglang-path", release("0.5.13"),
+        "--config", deploy, "-s", check,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    grown = report["live"]["peak_rss_mb"] - report["live"]["import_rss_mb"]
+    assert grown < 400, report["live"]
+    result = next(r for r in report["results"] if r["id"] == check)
+    assert result["status"] == "warn", (result["status"], result["summary"])
+    assert "more than the 512 MiB" in json.dumps(result["evidence"]), result["evidence"]
