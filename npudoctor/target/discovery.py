@@ -66,7 +66,11 @@ class Target:
         from npudoctor.static.source import python_files
 
         tree = self.__dict__.get("tree")
-        unread = {**self._unread, **(tree.unread if tree is not None else {}), **python_files(self.package_dir)[1]}
+        unread = {
+            **self._unread,
+            **(tree.unread if tree is not None else {}),
+            **python_files(self.package_dir)[1],
+        }
         return {Path(path).relative_to(self.root).as_posix(): why for path, why in sorted(unread.items())}
 
     @cached_property

@@ -330,7 +330,14 @@ PLANTED = "sglang/srt/planted.py"  # a module of the tree the static depth reads
 def static_check(tree: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
     """``check --depth static`` on ``tree`` in a capped child: its result, wall time and JSON report."""
     done, seconds = npudoctor_child(
-        "check", "--depth", "static", "--format", "json", "--sglang-path", tree, "--config",
+        "check",
+        "--depth",
+        "static",
+        "--format",
+        "json",
+        "--sglang-path",
+        tree,
+        "--config",
         EXAMPLES / "deepseek-v3-pd.yaml",
     )
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -397,7 +404,6 @@ def test_a_dangling_py_link_does_not_turn_the_checks_into_errors(tmp_path, relea
 # -- the live depth: memory flat in the model's size, parallel sizes bounded -----------------------------
 
 
-
 def deployment_with_layers(tmp_path: Path, layers: int) -> Path:
     """examples/deepseek-v3-pd.yaml (prefill PP 2, decode TP 16) with a model of ``layers`` layers."""
     folder = tmp_path / f"layers-{layers}"
@@ -452,28 +458,38 @@ def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, rele
     probe runs every CP rank): each size that sizes the probes' work is bounded, exit 2 naming it."""
     most = MAX_SERVER_SIZES[key]
     deploy = tmp_path / "deploy.yaml"
-    deploy.write_text(
-        "model: {config: %s}\nroles: {prefill: {server_args: {%s: %d}}}\n"
-        % (MODEL_DIR / "config.json", key, 2**31 - 1)
-    )
+
+    def write(size: int) -> None:
+        deploy.write_text(
+            f"model: {{config: {MODEL_DIR / 'config.json'}}}\nroles: {{prefill: {{server_args: {{{key}: {size}}}}}}}\n"
+        )
+
+    write(2**31 - 1)
     done, seconds = npudoctor_child(
         "check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", deploy
     )
     line = one_error_line(done)
     assert f"{key} {2**31 - 1} is larger than {most}" in line and "roles.prefill" in line, line
     assert seconds < CHILD_SECONDS, seconds
-    # the limit itself is accepted as far as this input goes
-    deploy.write_text(
-        "model: {config: %s}\nroles: {prefill: {server_args: {%s: %d}}}\n" % (MODEL_DIR / "config.json", key, most)
-    )
+    write(most)  # the limit itself is accepted as far as this input goes
     load.from_yaml(deploy)
 
 
 # a model config's dimensions far beyond a real model's (the 32-bit check admits them), each in
 # the tensors of one live probe: NPD001's pools (MLA latent rank), NPD004's CP batch (query heads)
 OVERSIZED = {
-    "a pool of a 16384-wide MLA latent": ("deepseek-v3-pd.yaml", "deepseek-v3", {"kv_lora_rank": 16384}, "NPD001"),
-    "a CP batch of 2048 query heads": ("qwen3-cp-prefill.yaml", "qwen3-30b-a3b", {"num_attention_heads": 2048}, "NPD004"),
+    "a pool of a 16384-wide MLA latent": (
+        "deepseek-v3-pd.yaml",
+        "deepseek-v3",
+        {"kv_lora_rank": 16384},
+        "NPD001",
+    ),
+    "a CP batch of 2048 query heads": (
+        "qwen3-cp-prefill.yaml",
+        "qwen3-30b-a3b",
+        {"num_attention_heads": 2048},
+        "NPD004",
+    ),
 }
 
 
