@@ -11,6 +11,7 @@ documented_ones`` ties them to ``npudoctor.deployment.limits``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -514,3 +515,23 @@ def test_a_probe_of_oversized_dimensions_cannot_tell_within_bounded_memory(tmp_p
     result = next(r for r in report["results"] if r["id"] == check)
     assert result["status"] == "warn", (result["status"], result["summary"])
     assert "more than the 512 MiB" in json.dumps(result["evidence"]), result["evidence"]
+
+
+def test_npd003_maps_a_model_split_as_the_deployment_or_cannot_tell():
+    """Beyond ``PROBED_LAYERS`` NPD003 probes a model cut to at most that many layers, split by
+    sglang into as many stages with as many one layer longer; where that split is not the
+    deployment's (an explicit ``SGLANG_PP_LAYER_PARTITION``, more stages than layers probed) it
+    cannot tell. A real model is probed whole."""
+    from npudoctor.checks.npd003_pp_transfer_map.live import mapped_model
+    from npudoctor.deployment.facts import role_facts
+
+    model = load.model_from_config_file(MODEL_DIR / "config.json")
+    prefill = role_facts("prefill", {"pp_size": 3}, {}, model)
+    assert mapped_model(model, prefill) == (model, "")  # 61 layers: the real split
+    big = dataclasses.replace(model, num_layers=2003)  # 2003 = 3 * 667 + 2: two stages one layer longer
+    probed, note = mapped_model(big, prefill)
+    assert probed.num_layers == 3 * 42 + 2 == PROBED_LAYERS, note
+    assert "128 of its 2003 layers" in note and "2 of them one layer longer" in note, note
+    explicit = role_facts("prefill", {"pp_size": 3}, {"SGLANG_PP_LAYER_PARTITION": "1000,1000,3"}, big)
+    assert mapped_model(big, explicit)[0] is None
+    assert mapped_model(big, role_facts("prefill", {"pp_size": 200}, {}, big))[0] is None
