@@ -60,7 +60,11 @@ def read_source(path: str | os.PathLike[str], limit: int = MAX_SOURCE_BYTES) -> 
     ``Unreadable`` for anything else: a dangling link, a FIFO, a device, a directory, a larger file
     (read up to ``limit + 1`` bytes, so a file that grows while it is read is bounded too)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a device is never opened: opening one may act
+            raise Unreadable("not a regular file")
         fd = os.open(path, _OPEN_SOURCE)
+    except Unreadable:
+        raise
     except OSError as error:
         reason = "a dangling link" if os.path.islink(path) else (error.strerror or type(error).__name__)
         raise Unreadable(reason) from None
