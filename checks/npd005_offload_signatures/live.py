@@ -195,11 +195,18 @@ def build_hybrid_linear_pool(cls: type, npu_cls: type, model: ModelFacts | None,
     in (``full_kv_pool=``, 0.5.2x) or put in its place."""
     import dataclasses
 
+    from npudoctor.live import livepools
     from npudoctor.live.livepools import build_pool
 
     config = model_config(model)
     cache_params = _with_attention_tp(role.tp_size, lambda: config.mamba2_cache_params)
     full_layers = [int(i) for i in config.full_attention_layer_ids]
+    layers = len(full_layers) + len(cache_params.layers)
+    if layers > livepools.PROBED_LAYERS:  # its layers' ids are the config's: not cut to a sample
+        raise CannotBuild(
+            f"a hybrid pool of {layers} layers: npudoctor builds hybrid pools of at most"
+            f" {livepools.PROBED_LAYERS} layers on CPU (every real hybrid model's: Qwen3-Next has 48)"
+        )
     mamba_cls = getattr(sys.modules[cls.__module__], "MambaPool", None)
     if not isinstance(mamba_cls, type):
         raise CannotBuild(f"no MambaPool beside {cls.__name__} in {cls.__module__}")
