@@ -476,30 +476,29 @@ def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, rele
     load.from_yaml(deploy)
 
 
-# a model config's dimensions far beyond a real model's (the 32-bit check admits them), each in
-# the tensors of one live probe: NPD001's pools (MLA latent rank), NPD004's CP batch (query heads)
+# a model config's sizes far beyond a real model's (the 32-bit check admits them), each in the
+# tensors of one live probe, and what the probe then says: NPD001's pools (an MLA latent rank),
+# NPD004's CP batch (query heads), NPD005's hybrid pool (mamba layers, whose ids are the config's)
 OVERSIZED = {
     "a pool of a 16384-wide MLA latent": (
-        "deepseek-v3-pd.yaml",
-        "deepseek-v3",
-        {"kv_lora_rank": 16384},
-        "NPD001",
+        "deepseek-v3-pd.yaml", "deepseek-v3", {"kv_lora_rank": 16384}, "NPD001", "more than the 512 MiB"
     ),
     "a CP batch of 2048 query heads": (
-        "qwen3-cp-prefill.yaml",
-        "qwen3-30b-a3b",
-        {"num_attention_heads": 2048},
-        "NPD004",
+        "qwen3-cp-prefill.yaml", "qwen3-30b-a3b", {"num_attention_heads": 2048}, "NPD004", "more than the 512 MiB"
     ),
-}
+    "a hybrid pool of 480 layers": (
+        "qwen3-next-decode.yaml", "qwen3-next-80b-a3b", {"num_hidden_layers": 480}, "NPD005", "at most 128 layers"
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", OVERSIZED)
 def test_a_probe_of_oversized_dimensions_cannot_tell_within_bounded_memory(tmp_path, release, case):
-    """A pool or a batch that would take more than 512 MiB is not built (1.3 GB and more before, and
-    any size the dimensions asked for): the probe cannot tell, and says how much it would take."""
-    example, model, changes, check = OVERSIZED[case]
+    """A pool or a batch that would take more than 512 MiB, or a hybrid pool of more layers than
+    npudoctor probes, is not built (1.3 GB and more before, any size the config asked for): the
+    probe cannot tell, and says why."""
+    example, model, changes, check, said = OVERSIZED[case]
     config = json.loads((EXAMPLES / "models" / model / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
     deploy = tmp_path / "deploy.yaml"
@@ -514,7 +513,7 @@ def test_a_probe_of_oversized_dimensions_cannot_tell_within_bounded_memory(tmp_p
     assert grown < 400, report["live"]
     result = next(r for r in report["results"] if r["id"] == check)
     assert result["status"] == "warn", (result["status"], result["summary"])
-    assert "more than the 512 MiB" in json.dumps(result["evidence"]), result["evidence"]
+    assert said in json.dumps(result["evidence"]), result["evidence"]
 
 
 def test_npd003_maps_a_model_split_as_the_deployment_or_cannot_tell():
