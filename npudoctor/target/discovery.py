@@ -17,7 +17,7 @@ from pathlib import Path
 
 from npudoctor.errors import InputError, NoTargetError
 from npudoctor.results import TargetInfo
-from npudoctor.static.source import SourceTree, Unreadable, read_source
+from npudoctor.static.source import SourceTree, Unreadable, python_files, read_source
 
 # Files whose presence tells an sglang package directory from any other directory.
 _MARKERS = ("srt", "__init__.py")
@@ -63,8 +63,6 @@ class Target:
         """The tree's ``.py`` files left unread (not regular files, larger than npudoctor reads),
         relative to ``root``, with the reason: listed whether or not a check asked for them, so the
         report says the same whether its verdicts were computed now or kept in the result cache."""
-        from npudoctor.static.source import python_files
-
         tree = self.__dict__.get("tree")
         unread = {
             **self._unread,
