@@ -96,6 +96,8 @@ class TargetInfo:
     version: str | None
     path: str
     source: str  # "installed" or "path"
+    # the tree's .py files npudoctor did not read ("path: why": a FIFO, a dangling link, too large)
+    unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

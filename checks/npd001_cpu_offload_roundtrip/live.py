@@ -23,17 +23,30 @@ def live_probe(
     """The live verdict: round-trip every NPU pool class of ``families`` built for ``role``."""
     evidence: list[Evidence] = []
     failing: list[str] = []
+    unbuilt: list[str] = []
     for family in families:
         classes = livepools.npu_pool_classes(family)
         if not classes:
             return livepools.no_pool_loaded(family, assumptions, roles)
         for cls in classes:
             problem = processstate.in_role(role, lambda cls=cls: _round_trip(cls, facts, role))
-            if problem is None:
+            if isinstance(problem, livepools.CannotBuild):  # not built: cannot tell, never a pass
+                unbuilt.append(cls.__name__)
+                evidence.append(
+                    Evidence(
+                        expected=f"a {cls.__name__} for this deployment",
+                        observed=str(problem),
+                        location=code_location(cls, "__init__"),
+                    )
+                )
+            elif problem is None:
                 evidence.append(
                     Evidence(
                         expected=f"{cls.__name__}: KV of the offloaded slots comes back bit for bit",
-                        observed=f"{cls.__name__} (live, CPU): every layer and buffer round-tripped",
+                        observed=(
+                            f"{cls.__name__} (live, CPU): every layer and buffer round-tripped"
+                            + livepools.sampled_note(facts.model)
+                        ),
                         location=code_location(cls, "get_cpu_copy"),
                     )
                 )
@@ -48,6 +61,14 @@ def live_probe(
             assumptions,
             roles,
         )
+    if unbuilt:
+        return Probe(
+            Status.WARN,
+            f"cannot tell: {', '.join(unbuilt)} not built on CPU for this deployment",
+            tuple(evidence),
+            assumptions,
+            roles,
+        )
     return Probe(
         Status.PASS,
         "the NPU pools' CPU offload/reload round-trips every layer and buffer",
@@ -57,18 +78,15 @@ def live_probe(
     )
 
 
-def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | None:
-    """Offload scattered slots and reload them elsewhere; None when every bit came back."""
+def _round_trip(cls: type, facts: Facts, role: RoleFacts) -> Evidence | livepools.CannotBuild | None:
+    """Offload scattered slots and reload them elsewhere; None when every bit came back, the
+    reason when the pool cannot be built for this deployment."""
     import torch
 
     try:
-        pool = livepools.build_pool(cls, facts.model, role)
+        pool = livepools.build_pool(cls, livepools.probed_model(facts.model), role)
     except livepools.CannotBuild as reason:
-        return Evidence(
-            expected=f"a {cls.__name__} for this deployment",
-            observed=str(reason),
-            location=code_location(cls, "__init__"),
-        )
+        return reason
     buffers = livepools.kv_buffers(pool)
     tokens = pool.size + pool.page_size
     generator = torch.Generator().manual_seed(0)

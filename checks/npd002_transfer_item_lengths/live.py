@@ -40,7 +40,7 @@ def _live_items(cls: type, facts: Facts, role: RoleFacts) -> tuple[str, Evidence
     flag = f"{FIA_ENV}={'1' if role.use_fia else '0'}"
     where = code_location(cls, "get_contiguous_buf_infos")
     try:
-        pool = livepools.build_pool(cls, facts.model, role)
+        pool = livepools.build_pool(cls, livepools.probed_model(facts.model), role)
     except livepools.CannotBuild as reason:
         return "unknown", Evidence(
             expected=f"a {cls.__name__} for this deployment ({flag})",
@@ -87,6 +87,7 @@ def _live_items(cls: type, facts: Facts, role: RoleFacts) -> tuple[str, Evidence
         observed=(
             f"all {len(items)} entries of get_contiguous_buf_infos() are one page "
             f"(entry 0: {items[0]} bytes x {pages} pages = {lens[0]} bytes) (live, CPU)"
+            + livepools.sampled_note(facts.model)
         ),
         location=where,
     )

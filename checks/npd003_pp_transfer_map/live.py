@@ -559,12 +559,51 @@ def probe(
             )
         if assumed_models:
             notes.append(f"live: {family.upper()} model {model.source}")
-        outcomes.append(_live_family(family, model, prefill, decode))
+        mapped, refused = mapped_model(model, prefill)
+        if mapped is None:
+            return Probe(Status.WARN, f"cannot tell: {refused}", assumptions=assumptions, roles=roles)
+        if mapped is not model:
+            notes.append(f"live {family.upper()}: {refused}")
+        outcomes.append(_live_family(family, mapped, prefill, decode))
     findings = [f for outcome in outcomes for f in outcome.findings]
     worst = max((s for s, _ in findings), key=lambda s: s.severity, default=Status.WARN)
     notes += [n for outcome in outcomes for n in outcome.notes]
     evidence = tuple(e for _, e in findings)
     return Probe(worst, _live_summary(worst, outcomes), evidence, assumptions + tuple(notes), roles)
+
+
+PARTITION_ENV = "SGLANG_PP_LAYER_PARTITION"
+
+
+def mapped_model(model: ModelFacts, prefill: RoleFacts) -> tuple[ModelFacts | None, str]:
+    """The model whose PP mapping the probe runs, and a note when it is not ``model`` itself.
+
+    Every layer of a stage is mapped by the same code, from the stage's ``start_layer`` and
+    ``end_layer``: what decides the mapping is how the model splits into stages, not how many layers
+    a stage has. A model of more than ``PROBED_LAYERS`` layers (the memory of the decode pool, which
+    holds every layer, grows with them: 2,000 layers took 3.4 GB) is probed as one of at most that
+    many split the same way by sglang's ``get_pp_indices``: as many stages, each of at least one
+    layer, the same number of them one layer longer (the layer count modulo ``pp_size``, which
+    ``get_pp_indices`` gives to the last stages). An explicit ``SGLANG_PP_LAYER_PARTITION`` fixes the
+    split of every layer: that deployment is not probed (None and why: cannot tell)."""
+    layers, pp = model.num_layers, prefill.pp_size
+    if layers <= livepools.PROBED_LAYERS:
+        return model, ""
+    fewer = f"probes at most {livepools.PROBED_LAYERS} layers' PP mapping live"
+    if prefill.env.get(PARTITION_ENV):
+        return None, (
+            f"{PARTITION_ENV} on prefill splits all {layers} layers of the model, and npudoctor {fewer}"
+        )
+    extra = layers % pp
+    per_stage = (livepools.PROBED_LAYERS - extra) // pp
+    if per_stage < 1:
+        return None, f"prefill pp_size {pp} stages of a {layers}-layer model: npudoctor {fewer}"
+    probed = per_stage * pp + extra
+    return dataclasses.replace(model, num_layers=probed), (
+        f"the mapping probed on a model of {probed} of its {layers} layers, split into the same {pp}"
+        f" stage(s) by get_pp_indices ({extra} of them one layer longer, as with {layers}): every layer"
+        f" of a stage is mapped by the same code, and npudoctor {fewer}"
+    )
 
 
 @dataclass

@@ -114,6 +114,19 @@ class Request:
 SEVERAL = (Request(prefix=0, extend=45), Request(prefix=133, extend=158))
 # For releases whose preparation admits one request per CP batch: the one with the prefix.
 ONE = (Request(prefix=133, extend=158),)
+# The probe's tensors for one batch, at most: the paged K/V cache of the batch's pages and the
+# reference attention (float64 scores). Qwen3-30B-A3B at attention TP 1 and page size 128 takes
+# ~40 MB; a config's head counts and sizes are not bounded otherwise (a typo of a billion heads).
+MAX_WORKLOAD_BYTES = 512 * 1024 * 1024
+
+
+def workload_bytes(dims: AttentionDims) -> int:
+    """What ``workload`` allocates for the larger batch (``SEVERAL``), in bytes."""
+    pages = 1 + sum(-(-r.total // dims.page_size) for r in SEVERAL)
+    cache = pages * dims.page_size * dims.kv_heads * (dims.head_dim + dims.v_head_dim) * 4
+    reference = max(r.extend * r.total for r in SEVERAL) * dims.q_heads * 8 * 2
+    queries = sum(r.total for r in SEVERAL) * dims.q_heads * (dims.head_dim + dims.v_head_dim) * 4
+    return cache + reference + queries
 
 
 def describe(batch: tuple[Request, ...]) -> str:
@@ -1162,6 +1175,13 @@ def probe(
     verdicts: list[LiveVerdict] = []
     for role in live_roles:
         dims = attention_dims(model, role)
+        if workload_bytes(dims) > MAX_WORKLOAD_BYTES:
+            reason = (
+                f"a CP batch of {dims} takes {workload_bytes(dims) >> 20} MiB on CPU, more than the"
+                f" {MAX_WORKLOAD_BYTES >> 20} MiB npudoctor allocates for it"
+            )
+            verdicts += [LiveVerdict(Status.WARN, _cannot_run(entry, reason)) for entry in entries]
+            continue
         for entry in entries:
             try:
                 backend, function = backend_method(entry)

@@ -195,11 +195,18 @@ def build_hybrid_linear_pool(cls: type, npu_cls: type, model: ModelFacts | None,
     in (``full_kv_pool=``, 0.5.2x) or put in its place."""
     import dataclasses
 
+    from npudoctor.live import livepools
     from npudoctor.live.livepools import build_pool
 
     config = model_config(model)
     cache_params = _with_attention_tp(role.tp_size, lambda: config.mamba2_cache_params)
     full_layers = [int(i) for i in config.full_attention_layer_ids]
+    layers = len(full_layers) + len(cache_params.layers)
+    if layers > livepools.PROBED_LAYERS:  # its layers' ids are the config's: not cut to a sample
+        raise CannotBuild(
+            f"a hybrid pool of {layers} layers: npudoctor builds hybrid pools of at most"
+            f" {livepools.PROBED_LAYERS} layers on CPU (every real hybrid model's: Qwen3-Next has 48)"
+        )
     mamba_cls = getattr(sys.modules[cls.__module__], "MambaPool", None)
     if not isinstance(mamba_cls, type):
         raise CannotBuild(f"no MambaPool beside {cls.__name__} in {cls.__module__}")
@@ -700,7 +707,7 @@ class _LiveProbe:
 
         if sub is not None:
             return self._build_composite(top, sub)
-        return livepools.build_pool(_live_class(top), self.facts.model, self.role)
+        return livepools.build_pool(_live_class(top), livepools.probed_model(self.facts.model), self.role)
 
     def _build_composite(self, top: ClassInfo, sub: ClassInfo) -> Any:
         """The composite pool with the NPU pool below it; only the hybrid linear-attention pool
@@ -889,7 +896,8 @@ class _LiveProbe:
         notes = "".join(f"; {n}" for n in run.entry.notes)
         return Evidence(
             expected=f"{run.entry.method}: every level receives the keywords its caller passes",
-            observed=f"{run.entry.describe()}; delivered at each level: {levels}{notes}{_LIVE}",
+            observed=f"{run.entry.describe()}; delivered at each level: {levels}{notes}{_LIVE}"
+            + _sampled(self.facts.model),
             location=run.entry.location(),
         )
 
@@ -901,6 +909,7 @@ class _LiveProbe:
             observed=(
                 f"{len(snapshot.slots)} token slots{mamba} of {snapshot.buffers} buffer(s), every layer, "
                 f"offloaded, overwritten and reloaded through {name}: every bit came back{_LIVE}"
+                + _sampled(self.facts.model)
             ),
         )
 
@@ -1033,3 +1042,9 @@ def import_path_modules() -> None:
     for sliding, hybrid in ((False, False), (True, True)):
         for cls in graph.path(["mla", "mha"], sliding, hybrid).classes():
             importlib.import_module(cls.module)
+
+
+def _sampled(model: ModelFacts | None) -> str:
+    from npudoctor.live import livepools
+
+    return livepools.sampled_note(model)

@@ -79,7 +79,7 @@ def live_probe(roles: list[RoleFacts], kinds: list[Kind], assumptions: tuple[str
 
 def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tuple[str, Evidence]:
     """Build the role's pools, its tables as ``_init_kv_manager`` does, and judge them."""
-    model = kind.model
+    model = livepools.probed_model(kind.model)
     draft_note = f" + draft pool of {role.draft_layers} layer(s)" if role.draft_layers else ""
     expected = (
         f"{role.name}, {kind.label}: {cls.__name__}{draft_note} tables (KV data, state) build and describe the pool's "
@@ -127,7 +127,7 @@ def _role_tables(cls: type, kind: Kind, role: RoleFacts, args_class: type) -> tu
     return "pass", Evidence(
         expected,
         f"{len(kv_args.kv_data_ptrs)} KV entries and {len(states)} state entries, each a buffer of the "
-        "pools with its nbytes and a dividing item length (live, CPU)",
+        "pools with its nbytes and a dividing item length (live, CPU)" + livepools.sampled_note(kind.model),
         location,
     )
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from npudoctor.deployment.limits import MAX_SERVER_SIZES
 from npudoctor.errors import InputError, short_repr
 
 # sglang's own default on Ascend (hardware_backend/npu/utils.py set_default_server_args).
@@ -286,6 +287,12 @@ def role_facts(
         if not _DIGITS.fullmatch(text) or len(text) > 10 or not 1 <= int(text) <= MAX_INT:
             raise InputError(
                 f"{where}: {key} must be a positive integer up to {MAX_INT}, got {short_repr(value)}"
+            )
+        most = MAX_SERVER_SIZES.get(key)
+        if most is not None and int(text) > most:
+            raise InputError(
+                f"{where}: {key} {int(text)} is larger than {most}, the most npudoctor probes"
+                " (npudoctor/deployment/limits.py)"
             )
         return int(text)
 

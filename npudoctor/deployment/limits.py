@@ -61,6 +61,21 @@ MAX_VALUE_CHARS = 16 * 1024
 # becomes ~300 MB of Python objects, the worst 4 MiB can do).
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
+# The sizes a role's server arguments state that size the live depth's work, the most each may be.
+# The probes build one process's share on CPU and loop over ranks and pages: a typo of 2147483647
+# (which the 32-bit check admits) made ``attn_cp_size`` alone allocate 6 GB. Each limit is far
+# beyond a real deployment:
+# - ``tp_size``, ``dp_size``: the NPUs of a role, and the largest Ascend system (a CloudMatrix 384
+#   super-node) has 384; 1,024 leaves room.
+# - ``attn_cp_size``: context-parallel ranks of attention, 2 to 16 in practice (it divides the
+#   attention TP size); NPD004's probe runs every CP rank of a batch in one process, its all-gathers
+#   growing as the square of the ranks (64 ranks: ~150 MB and 10 s).
+# - ``page_size``: tokens a KV page holds; sglang's NPU default is 128, the Ascend attention kernels
+#   take blocks up to 512 tokens; 1,024 leaves room. Every probed pool holds a few pages per layer.
+# ``pp_size`` needs none: it is at most the model's layers, and NPD003 probes at most
+# ``livepools.PROBED_LAYERS`` layers' stages (more stages than that: cannot tell).
+MAX_SERVER_SIZES = {"tp_size": 1024, "dp_size": 1024, "attn_cp_size": 64, "page_size": 1024}
+
 # a mapping key shown as written in a key path; any other is shown as its short repr
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_<>-]{1,40}")
 

@@ -98,6 +98,8 @@ def _header(report: Report) -> list[RenderableType]:
         lines.append(Para(Text.assemble(("env from the shell:", "dim"), " " + ", ".join(from_shell))))
     if report.recorded_fixes:  # `fix --apply`'s record beside the target: the verdicts say how they took it
         lines.append(Para(report.recorded_fixes["line"], lead=Text("fix record: ", style="dim")))
+    if target.unread:  # files of the tree npudoctor does not read (npudoctor.static.source.read_source)
+        lines.append(Para("; ".join(target.unread), lead=Text("not read: ", style="dim")))
     return lines
 
 

@@ -5,10 +5,19 @@ Pools are built through their real constructors with the deployment's dimensions
 page size) and only a few pages, so a DeepSeek-V3-sized pool costs tens of MB. The
 constructor's signature decides which arguments are passed: releases add and rename
 parameters, and a required one npudoctor cannot fill is reported, not guessed.
+
+The probes' memory is flat in the model's size. A pool's layers are alike (one constructor loop
+makes every layer's buffers, one loop offloads or describes them), so a probe of one pool builds at
+most ``PROBED_LAYERS`` of them (``probed_model``), which every real model fills whole (DeepSeek-V3
+and Kimi-K2 have 61 layers, Llama-3.1-405B 126), and says in its evidence when it built fewer than the
+model has (``sampled_note``). A 2,000-layer config cost 3.4 GB before. A pool whose few pages would
+still take more than ``MAX_POOL_BYTES`` (dimensions far beyond a real model's) is not built: the
+probe cannot tell (``CannotBuild``), it does not pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -26,6 +35,13 @@ torch = lazy_module("torch")  # executed by the first live probe, never by the s
 
 GENERIC_POOL_MODULE = "sglang.srt.mem_cache.memory_pool"
 PAGES = 4  # pages per pool: enough for scattered indices across page boundaries
+# The layers a probe builds of one pool: a real model's whole stage up to this (DeepSeek-V3: 61,
+# Llama-3.1-405B: 126), the model's first layers beyond it. The live child's peak grows ~1.4 MB a
+# probed layer (DeepSeek-V3's dimensions): 128 layers cost ~180 MB over the import of sglang.
+PROBED_LAYERS = 128
+# One pool's buffers, at most: 128 layers of DeepSeek-V3 (MLA, 576 values a token) at page size 128
+# take 94 MB, of Llama-3-70B's 8 KV heads at TP 1 take 335 MB.
+MAX_POOL_BYTES = 512 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -70,6 +86,26 @@ def no_pool_loaded(family: str, assumptions: tuple[str, ...], roles: tuple[str, 
     )
 
 
+def probed_model(model: ModelFacts | None) -> ModelFacts | None:
+    """``model`` with at most ``PROBED_LAYERS`` layers, for a probe of properties every layer of a
+    pool shares (see the module docstring); ``sampled_note`` says what was left out."""
+    if model is None or model.num_layers <= PROBED_LAYERS:
+        return model
+    return dataclasses.replace(model, num_layers=PROBED_LAYERS)
+
+
+def sampled_note(model: ModelFacts | None) -> str:
+    """`` (...)`` for a probe's evidence when ``probed_model`` built fewer layers than the model has;
+    empty when it built them all."""
+    if model is None or model.num_layers <= PROBED_LAYERS:
+        return ""
+    return (
+        f" (a model of its first {PROBED_LAYERS} of {model.num_layers} layers: every layer's buffers are"
+        " built, offloaded and described by the same code, so npudoctor probes at most"
+        f" {PROBED_LAYERS})"
+    )
+
+
 def build_pool(
     cls: type,
     model: ModelFacts | None,
@@ -104,7 +140,25 @@ def build_pool(
         "enable_alt_stream": False,
         "enable_kv_cache_copy": False,
     }
+    _within_budget(cls, known, layers, _is_mla(model))
     return construct(cls, known)
+
+
+def _within_budget(cls: type, known: dict[str, Any], layers: int, mla: bool) -> None:
+    """``CannotBuild`` when the pool's buffers would take more than ``MAX_POOL_BYTES``: K and V (or
+    MLA's latent and rope parts) and the indexer's keys, two bytes a value, for the pool's pages and
+    sglang's padding page."""
+    tokens = known["size"] + known["page_size"]
+    if mla:
+        per_token = known["kv_lora_rank"] + known["qk_rope_head_dim"] + (known["index_head_dim"] or 0)
+    else:
+        per_token = known["head_num"] * (known["head_dim"] + known["v_head_dim"])
+    needed = layers * tokens * per_token * 2
+    if needed > MAX_POOL_BYTES:
+        raise CannotBuild(
+            f"a {cls.__name__} of {layers} layer(s), {tokens} token slots and {per_token} values a token"
+            f" needs {needed >> 20} MiB, more than the {MAX_POOL_BYTES >> 20} MiB npudoctor builds on CPU"
+        )
 
 
 def construct(cls: type, known: dict[str, Any]) -> Any:

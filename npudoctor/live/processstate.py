@@ -197,8 +197,12 @@ def serve_model(model: ModelFacts | None) -> None:
     data = json.dumps(hf_config(model), indent=2).encode()
     with contextlib.suppress(OSError, ValueError):  # an inline hf_config, a file gone since: the facts
         copied = Path(model.source).read_bytes()
-        if isinstance(json.loads(copied), dict):
+        loaded = json.loads(copied)
+        if isinstance(loaded, dict):
             data = copied
+            if loaded.get("num_hidden_layers") not in (None, model.num_layers):
+                # a probe of fewer layers than the file's (livepools.probed_model): the file says so too
+                data = json.dumps({**loaded, "num_hidden_layers": model.num_layers}, indent=2).encode()
     staging = config.with_name(f".config.json.{os.getpid()}")
     staging.write_bytes(data)
     staging.replace(config)

@@ -13,6 +13,11 @@ for any release layout, because code moves between files across releases:
 
 Files are read once, and parsed only when a class in them is needed: a substring
 test on the raw bytes picks the few files worth parsing.
+
+Only regular files of at most ``MAX_SOURCE_BYTES`` are read (``read_source``): a tree may come from
+anyone on a shared machine, and a ``.py`` that is a FIFO blocks ``open`` for ever, one linked to
+/dev/zero reads until memory runs out, a dangling link cannot be opened at all. Such a file is left
+out of the tree (``SourceTree.unread``, which the report lists) and the checks judge the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import ast
 import builtins
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,6 +42,67 @@ INERT_BASES = frozenset(
 
 
 _CLASS_STATEMENT = re.compile(rb"^[ \t]*class[ \t]+(\w+)", re.M)
+
+# The largest ``.py`` file read from a tree. sglang's largest module is ~250 KB (server_args.py,
+# 0.5.2x); 4 MiB is sixteen times that, and reads in milliseconds.
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+# open() without waiting for a FIFO's writer (O_NONBLOCK), the file's type then checked on the open
+# descriptor itself (fstat): what is read is what was checked, whatever is renamed meanwhile
+_OPEN_SOURCE = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class Unreadable(OSError):
+    """A tree's file npudoctor does not read; the message says why (no traceback, no contents)."""
+
+
+def read_source(path: str | os.PathLike[str], limit: int = MAX_SOURCE_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (a symlink to one is followed), at most ``limit``;
+    ``Unreadable`` for anything else: a dangling link, a FIFO, a device, a directory, a larger file
+    (read up to ``limit + 1`` bytes, so a file that grows while it is read is bounded too)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a device is never opened: opening one may act
+            raise Unreadable("not a regular file")
+        fd = os.open(path, _OPEN_SOURCE)
+    except Unreadable:
+        raise
+    except OSError as error:
+        reason = "a dangling link" if os.path.islink(path) else (error.strerror or type(error).__name__)
+        raise Unreadable(reason) from None
+    with open(fd, "rb", closefd=True) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable("not a regular file")
+        if info.st_size > limit:
+            raise Unreadable(f"larger than {limit // (1024 * 1024)} MiB")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise Unreadable(f"larger than {limit // (1024 * 1024)} MiB")
+    return data
+
+
+def python_files(package_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """Every ``.py`` file below ``package_dir`` that ``read_source`` would read (paths as strings,
+    for speed), and the others by path with the reason they are left out. One ``stat`` a file, the
+    link followed: a listing costs what the walk costs."""
+    found, unread = [], {}
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                info = os.stat(path)
+            except OSError as error:
+                unread[path] = "a dangling link" if os.path.islink(path) else (error.strerror or "unreadable")
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                unread[path] = "not a regular file"
+            elif info.st_size > MAX_SOURCE_BYTES:
+                unread[path] = f"larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"
+            else:
+                found.append(path)
+    return found, unread
 
 
 @dataclass(eq=False)
@@ -153,6 +220,7 @@ class SourceTree:
         self._mro: dict[int, list[ClassInfo]] = {}
         self._resolved: dict[tuple[Path, str], ClassInfo | None] = {}
         self.memo: dict[str, object] = {}  # per-tree caches of the helper modules (dataflow)
+        self.unread: dict[str, str] = {}  # files left unread (``read_source``) -> why
 
     def release(self) -> None:
         """Drop everything parsed and memoised (a check run calls it when it is done with the
@@ -169,19 +237,24 @@ class SourceTree:
     # ----- files -------------------------------------------------------------------
     @cached_property
     def files(self) -> list[str]:
-        """Paths (as strings, for speed) of every ``.py`` file below the package directory."""
-        found = []
-        for dirpath, dirnames, filenames in os.walk(self.package_dir):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-            found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))
+        """Paths (as strings, for speed) of every ``.py`` file below the package directory that
+        npudoctor reads (``python_files``); the others are in ``unread``."""
+        found, unread = python_files(self.package_dir)
+        self.unread.update(unread)
         return found
 
     def read(self, path: Path | str) -> bytes:
+        """The file's bytes; empty (and the file in ``unread``) when it is not one ``read_source``
+        reads: a module that is a FIFO, say, is then a module with no code."""
         key = str(path)
         data = self._bytes.get(key)
         if data is None:
-            with open(key, "rb") as handle:
-                data = self._bytes[key] = handle.read()
+            try:
+                data = read_source(key)
+            except Unreadable as why:
+                self.unread[key] = str(why)
+                data = b""
+            self._bytes[key] = data
         return data
 
     def parse(self, path: Path) -> ast.Module | None:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import os
 from functools import cached_property
 from pathlib import Path
 
 from npudoctor.errors import InputError, NoTargetError, path_error
 from npudoctor.results import TargetInfo
-from npudoctor.static.source import SourceTree
+from npudoctor.static.source import SourceTree, Unreadable, python_files, read_source
 
 # Files whose presence tells an sglang package directory from any other directory.
 _MARKERS = ("srt", "__init__.py")
+# A wheel's METADATA (the version line is near the top): sglang's is ~20 KB
+_MAX_METADATA_BYTES = 1024 * 1024
 
 
 class Target:
@@ -29,6 +32,7 @@ class Target:
         self.package_dir = package_dir
         self.version = version
         self.source = source
+        self._unread: dict[str, str] = {}  # of trees released: files the checks did not read
 
     @property
     def root(self) -> Path:
@@ -51,7 +55,21 @@ class Target:
         """Free the parsed source now (``SourceTree.release``); a later ``tree`` parses again."""
         tree = self.__dict__.pop("tree", None)
         if tree is not None:
+            self._unread.update(tree.unread)
             tree.release()
+
+    @property
+    def unread(self) -> dict[str, str]:
+        """The tree's ``.py`` files left unread (not regular files, larger than npudoctor reads),
+        relative to ``root``, with the reason: listed whether or not a check asked for them, so the
+        report says the same whether its verdicts were computed now or kept in the result cache."""
+        tree = self.__dict__.get("tree")
+        unread = {
+            **self._unread,
+            **(tree.unread if tree is not None else {}),
+            **python_files(self.package_dir)[1],
+        }
+        return {Path(path).relative_to(self.root).as_posix(): why for path, why in sorted(unread.items())}
 
     @cached_property
     def has_ascend_backend(self) -> bool:
@@ -59,13 +77,20 @@ class Target:
         ``AscendAttnBackend`` in an ``ascend_backend.py`` under ``sglang/srt`` (0.4.10:
         ``layers/attention/``, 0.5.9+: ``hardware_backend/npu/attention/``; LoRA's file of that
         name defines another class). Every check's NPU path hangs off it."""
+        srt = str(self.package_dir / "srt") + os.sep
         return any(
-            b"class AscendAttnBackend" in path.read_bytes()
-            for path in (self.package_dir / "srt").rglob("ascend_backend.py")
+            b"class AscendAttnBackend" in self.tree.read(path)
+            for path in self.tree.files
+            if path.startswith(srt) and os.path.basename(path) == "ascend_backend.py"
         )
 
     def info(self) -> TargetInfo:
-        return TargetInfo(version=self.version, path=str(self.package_dir), source=self.source)
+        return TargetInfo(
+            version=self.version,
+            path=str(self.package_dir),
+            source=self.source,
+            unread=tuple(f"{path}: {why}" for path, why in self.unread.items()),
+        )
 
     def __repr__(self) -> str:
         return f"Target({self.package_dir}, version={self.version!r}, source={self.source!r})"
@@ -138,21 +163,21 @@ def _version_from_tree(package_dir: Path) -> str | None:
         if version:
             return version
     for dist_info in sorted(package_dir.parent.glob("sglang-*.dist-info")):
-        metadata = dist_info / "METADATA"
-        if metadata.is_file():
-            for line in metadata.read_text(errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
+        try:
+            text = read_source(dist_info / "METADATA", _MAX_METADATA_BYTES).decode(errors="replace")
+        except Unreadable:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
     return None
 
 
 def _literal_version(path: Path) -> str | None:
     """``__version__ = "X"`` (or ``version = "X"``) at module level, read without executing the file."""
-    if not path.is_file():
-        return None
     try:
-        module = ast.parse(path.read_bytes())
-    except SyntaxError:
+        module = ast.parse(read_source(path))
+    except (Unreadable, SyntaxError, ValueError):
         return None
     for node in module.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):

@@ -149,7 +149,10 @@ def _fingerprint(roots: list[Path], wanted: Callable[[str], bool], extra: str = 
                         if entry.name != "__pycache__":
                             stack.append(entry.path)
                     elif wanted(entry.name):
-                        stat = entry.stat()
+                        try:
+                            stat = entry.stat()
+                        except OSError:  # a dangling link: the link itself, not the rest of the folder
+                            stat = entry.stat(follow_symlinks=False)
                         digest.update(
                             f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(
                                 "utf-8", "surrogateescape"

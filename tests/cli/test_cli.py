@@ -160,7 +160,12 @@ def test_installed_sglang_is_found_without_importing_it(release, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
-    assert report["target"] == {"version": "0.5.12", "path": str(tree / "sglang"), "source": "installed"}
+    assert report["target"] == {
+        "version": "0.5.12",
+        "path": str(tree / "sglang"),
+        "source": "installed",
+        "unread": [],
+    }
     assert done.stderr.strip().endswith("False")  # sglang was never imported
 
 

@@ -11,6 +11,7 @@ documented_ones`` ties them to ``npudoctor.deployment.limits``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -44,6 +45,11 @@ MAX_TEXT_CHARS = 64 * 1024
 MAX_VALUE_CHARS = 16 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 100
+# the largest .py file npudoctor reads from a tree: sglang's largest is ~250 KB (server_args.py)
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+PROBED_LAYERS = 128  # a live probe's pool: every layer of a real model, the first 128 of a larger one
+# the server sizes that size the live depth's work, and the most each may be
+MAX_SERVER_SIZES = {"tp_size": 1024, "dp_size": 1024, "attn_cp_size": 64, "page_size": 1024}
 
 MODEL_DIR = EXAMPLES / "models" / "deepseek-v3"
 PROPERTY_DEPLOYMENTS = Path(__file__).resolve().parents[1] / "data" / "properties" / "deployments"
@@ -293,6 +299,11 @@ def test_the_limits_are_the_documented_ones():
         MAX_CONFIG_BYTES,
         MAX_DEPTH,
     )
+    from npudoctor.live import livepools
+    from npudoctor.static import source
+
+    assert limits.MAX_SERVER_SIZES == MAX_SERVER_SIZES
+    assert (source.MAX_SOURCE_BYTES, livepools.PROBED_LAYERS) == (MAX_SOURCE_BYTES, PROBED_LAYERS)
 
 
 def test_real_deployments_are_far_below_the_limits():
@@ -310,3 +321,216 @@ def test_real_deployments_are_far_below_the_limits():
             measured.nodes,
         )
         assert path.stat().st_size < MAX_YAML_BYTES // 30
+
+
+# -- the sglang tree: only regular files of bounded size are read --------------------------------------
+
+PLANTED = "sglang/srt/planted.py"  # a module of the tree the static depth reads (every .py is)
+
+
+def static_check(tree: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
+    """``check --depth static`` on ``tree`` in a capped child: its result, wall time and JSON report."""
+    done, seconds = npudoctor_child(
+        "check",
+        "--depth",
+        "static",
+        "--format",
+        "json",
+        "--sglang-path",
+        tree,
+        "--config",
+        EXAMPLES / "deepseek-v3-pd.yaml",
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    report = json.loads(done.stdout) if done.stdout.strip() else {}
+    return done, seconds, report
+
+
+def errored(report: dict) -> list[str]:
+    return [r["id"] for r in report.get("results", []) if r["status"] == "error"]
+
+
+def test_a_fifo_in_the_tree_does_not_hang_check(tmp_path, release, overlay):
+    """A ``.py`` that is a FIFO (anyone who can write to a shared tree can make one): opening it
+    waits for a writer forever. It is not read, and the checks judge the rest of the tree."""
+    tree = overlay(release("0.5.12"))
+    os.mkfifo(tree / PLANTED)
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: not a regular file"], report["target"]
+    assert seconds < CHILD_SECONDS * 2, seconds
+
+
+def test_a_py_linked_to_dev_zero_is_not_read(tmp_path, release, overlay):
+    """A ``.py`` linked to /dev/zero reads forever (2.7 GB before the child ran out, uncapped): only
+    regular files are read."""
+    tree = overlay(release("0.5.12"))
+    (tree / PLANTED).symlink_to("/dev/zero")
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: not a regular file"], report["target"]
+    assert seconds < CHILD_SECONDS * 2, seconds
+
+
+def test_a_py_larger_than_the_limit_is_skipped_with_a_note(tmp_path, release, overlay):
+    """A regular ``.py`` larger than any real module (a planted 5 MB file) is not read: the report
+    says it was skipped, and the checks judge the rest of the tree."""
+    tree = overlay(release("0.5.12"))
+    big = tree / PLANTED
+    big.write_bytes(b"# " + b"x" * MAX_SOURCE_BYTES + b"\nclass AscendAttnBackend: pass\n")
+    done, seconds, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: larger than 4 MiB"], report["target"]
+
+
+def test_a_dangling_py_link_does_not_turn_the_checks_into_errors(tmp_path, release, overlay):
+    """A ``.py`` symlink whose target is gone (a half-removed checkout): skipped, not an error result."""
+    tree = overlay(release("0.5.12"))
+    (tree / PLANTED).symlink_to(tmp_path / "gone.py")
+    done, _, report = static_check(tree)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert not errored(report), errored(report)
+    assert report["target"]["unread"] == [f"{PLANTED}: a dangling link"], report["target"]
+    # and the verdicts are those of the tree without the link
+    (tree / PLANTED).unlink()
+    _, _, clean = static_check(tree)
+    assert [(r["id"], r["status"]) for r in report["results"]] == [
+        (r["id"], r["status"]) for r in clean["results"]
+    ]
+
+
+# -- the live depth: memory flat in the model's size, parallel sizes bounded -----------------------------
+
+
+def deployment_with_layers(tmp_path: Path, layers: int) -> Path:
+    """examples/deepseek-v3-pd.yaml (prefill PP 2, decode TP 16) with a model of ``layers`` layers."""
+    folder = tmp_path / f"layers-{layers}"
+    folder.mkdir()
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(config))
+    deploy = folder / "deploy.yaml"
+    deploy.write_text((EXAMPLES / "deepseek-v3-pd.yaml").read_text().replace("models/deepseek-v3/", ""))
+    return deploy
+
+
+def live_child(*args: str | Path) -> subprocess.CompletedProcess:
+    """``npudoctor ARGS`` in a fresh process (its live child its own, not a zygote's fork)."""
+    environ = {**os.environ, "PYTHONPATH": str(CODE), "NPUDOCTOR_NO_CACHE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "npudoctor", *map(str, args)],
+        capture_output=True, text=True, env=environ, cwd=CODE, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_live_depth_memory_is_flat_in_the_model_layers(tmp_path, release):
+    """A model config of 2,000 layers took 3.4 GB in the live child (~1.4 MB a layer: every probe's
+    pools held every layer), 20,000 tried to allocate 13 GB. The probes are flat in the layer count:
+    the child's peak over its import stays within a small factor of a real 61-layer model's, and the
+    evidence says when fewer layers than the model's were probed."""
+    tree = release("0.5.13")
+    grown, reports = {}, {}
+    for layers in (61, 2000):
+        done = live_child(
+            "check", "--depth", "live", "--format", "json", "--sglang-path", tree,
+            "--config", deployment_with_layers(tmp_path, layers), "-s", "NPD",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        report = json.loads(done.stdout)
+        live = report["live"]
+        grown[layers] = live["peak_rss_mb"] - live["import_rss_mb"]
+        assert not [r["id"] for r in report["results"] if r["status"] == "error"], report["results"]
+        reports[layers] = report
+    # a real model's layers are all probed (up to 128): 2,000 cost what 128 do, ~2x DeepSeek-V3's 61
+    assert grown[2000] < 2.5 * grown[61] + 50, grown
+    statuses = {size: {r["id"]: r["status"] for r in reports[size]["results"]} for size in reports}
+    assert statuses[2000] == statuses[61], statuses  # the same verdicts as the real model's
+    sampled = json.dumps(reports[2000]["results"])
+    assert "first 128 of 2000 layers" in sampled and "of its 2000 layers" in sampled  # said so
+
+
+@pytest.mark.parametrize("key", sorted(MAX_SERVER_SIZES))
+def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, release, key):
+    """``attn_cp_size: 2147483647`` passed the 32-bit check and took the live child to 6 GB (NPD004's
+    probe runs every CP rank): each size that sizes the probes' work is bounded, exit 2 naming it."""
+    most = MAX_SERVER_SIZES[key]
+    deploy = tmp_path / "deploy.yaml"
+
+    def write(size: int) -> None:
+        deploy.write_text(
+            f"model: {{config: {MODEL_DIR / 'config.json'}}}\nroles: {{prefill: {{server_args: {{{key}: {size}}}}}}}\n"
+        )
+
+    write(2**31 - 1)
+    done, seconds = npudoctor_child(
+        "check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", deploy
+    )
+    line = one_error_line(done)
+    assert f"{key} {2**31 - 1} is larger than {most}" in line and "roles.prefill" in line, line
+    assert seconds < CHILD_SECONDS, seconds
+    write(most)  # the limit itself is accepted as far as this input goes
+    load.from_yaml(deploy)
+
+
+# a model config's sizes far beyond a real model's (the 32-bit check admits them), each in the
+# tensors of one live probe, and what the probe then says: NPD001's pools (an MLA latent rank),
+# NPD004's CP batch (query heads), NPD005's hybrid pool (mamba layers, whose ids are the config's)
+OVERSIZED = {
+    "a pool of a 16384-wide MLA latent": (
+        "deepseek-v3-pd.yaml", "deepseek-v3", {"kv_lora_rank": 16384}, "NPD001", "more than the 512 MiB"
+    ),
+    "a CP batch of 2048 query heads": (
+        "qwen3-cp-prefill.yaml", "qwen3-30b-a3b", {"num_attention_heads": 2048}, "NPD004", "more than the 512 MiB"
+    ),
+    "a hybrid pool of 480 layers": (
+        "qwen3-next-decode.yaml", "qwen3-next-80b-a3b", {"num_hidden_layers": 480}, "NPD005", "at most 128 layers"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", OVERSIZED)
+def test_a_probe_of_oversized_dimensions_cannot_tell_within_bounded_memory(tmp_path, release, case):
+    """A pool or a batch that would take more than 512 MiB, or a hybrid pool of more layers than
+    npudoctor probes, is not built (1.3 GB and more before, any size the config asked for): the
+    probe cannot tell, and says why."""
+    example, model, changes, check, said = OVERSIZED[case]
+    config = json.loads((EXAMPLES / "models" / model / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text((EXAMPLES / example).read_text().replace(f"models/{model}/", ""))
+    done = live_child(
+        "check", "--depth", "live", "--format", "json", "--sglang-path", release("0.5.13"),
+        "--config", deploy, "-s", check,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    grown = report["live"]["peak_rss_mb"] - report["live"]["import_rss_mb"]
+    assert grown < 400, report["live"]
+    result = next(r for r in report["results"] if r["id"] == check)
+    assert result["status"] == "warn", (result["status"], result["summary"])
+    assert said in json.dumps(result["evidence"]), result["evidence"]
+
+
+def test_npd003_maps_a_model_split_as_the_deployment_or_cannot_tell():
+    """Beyond ``PROBED_LAYERS`` NPD003 probes a model cut to at most that many layers, split by
+    sglang into as many stages with as many one layer longer; where that split is not the
+    deployment's (an explicit ``SGLANG_PP_LAYER_PARTITION``, more stages than layers probed) it
+    cannot tell. A real model is probed whole."""
+    from npudoctor.checks.npd003_pp_transfer_map.live import mapped_model
+    from npudoctor.deployment.facts import role_facts
+
+    model = load.model_from_config_file(MODEL_DIR / "config.json")
+    prefill = role_facts("prefill", {"pp_size": 3}, {}, model)
+    assert mapped_model(model, prefill) == (model, "")  # 61 layers: the real split
+    big = dataclasses.replace(model, num_layers=2003)  # 2003 = 3 * 667 + 2: two stages one layer longer
+    probed, note = mapped_model(big, prefill)
+    assert probed.num_layers == 3 * 42 + 2 == PROBED_LAYERS, note
+    assert "128 of its 2003 layers" in note and "2 of them one layer longer" in note, note
+    explicit = role_facts("prefill", {"pp_size": 3}, {"SGLANG_PP_LAYER_PARTITION": "1000,1000,3"}, big)
+    assert mapped_model(big, explicit)[0] is None
+    assert mapped_model(big, role_facts("prefill", {"pp_size": 200}, {}, big))[0] is None
