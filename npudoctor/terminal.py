@@ -18,20 +18,20 @@ through ``printable`` (``npudoctor.cli.output.say``).
 A command npudoctor prints for the user to paste (``shell_join``) quotes such a word the way
 bash, zsh and ksh93 read escapes, ``$'...'``: it shows no control character and
 pastes as the very value the user gave. A secret redacted from it for the shell
-(``npudoctor.deployment.redact.redact_argv(..., for_shell=True)``) is written as a reference to a
-variable the shell refuses to expand while it is unset: ``"${API_KEY:?redacted}"``.
+(``npudoctor.deployment.redact.redact_argv(..., for_shell=True)``, which marks it with
+``shell_variable``) is written as a reference to a variable the shell refuses to expand while it is
+unset: ``"${API_KEY:?redacted}"``.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Iterable, Sequence
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
-
-from npudoctor.deployment.redact import shell_secrets
 
 # C0 but tab and newline (which the layout itself writes), DEL, C1, and Unicode's bidirectional
 # controls (the "Trojan Source" characters) and line and paragraph separators
@@ -64,10 +64,41 @@ def shell_join(words: Sequence[str]) -> str:
     shell is a reference to its variable (``HF_TOKEN="${HF_TOKEN:?redacted}"``)."""
     return " ".join(
         "".join(
-            f'"${{{text}:?redacted}}"' if secret else _quoted(text) for text, secret in shell_secrets(word)
+            f'"${{{text}:?redacted}}"' if secret else _quoted(text) for text, secret in _variables_in(word)
         )
         for word in words
     )
+
+
+# A shell variable standing in a word (``shell_variable``): the mark holds a nonce of this process,
+# so that no value a user wrote can pass for one.
+_NONCE = f"npudoctor{secrets.token_hex(8)}x"
+_VARIABLE_MARK = re.compile(f"{_NONCE}([A-Z_][A-Z0-9_]*){_NONCE}")
+
+
+def shell_variable(name: str) -> str:
+    """A word (or part of one) that ``shell_join`` writes as a reference to the shell variable
+    ``name`` (a valid name), which the shell refuses to expand while it is unset."""
+    return f"{_NONCE}{name}{_NONCE}"
+
+
+def is_shell_variable(text: str) -> bool:
+    return text.startswith(_NONCE)
+
+
+def _variables_in(word: str) -> list[tuple[str, bool]]:
+    """``word`` in pieces: ``(text, False)`` as given, ``(NAME, True)`` where ``shell_variable``
+    marked the variable NAME."""
+    pieces: list[tuple[str, bool]] = []
+    start = 0
+    for match in _VARIABLE_MARK.finditer(word):
+        if match.start() > start:
+            pieces.append((word[start : match.start()], False))
+        pieces.append((match[1], True))
+        start = match.end()
+    if start < len(word) or not pieces:
+        pieces.append((word[start:], False))
+    return pieces
 
 
 def _quoted(word: str) -> str:

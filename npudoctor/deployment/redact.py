@@ -27,7 +27,7 @@ workaround's launch command) cannot hold ``***``: pasted, ``--api-key '***'`` wo
 with the key ``***``. There a secret is a reference to a shell variable named after it that the
 shell refuses to expand while it is unset (``--api-key "${API_KEY:?redacted}"``,
 ``HF_TOKEN="${HF_TOKEN:?redacted}"``): ``redact_argv(words, for_shell=True)`` marks each secret,
-and ``npudoctor.terminal.shell_join`` writes the marks as such references (``shell_secrets``).
+and ``npudoctor.terminal.shell_join`` writes the marks as such references (``shell_variable``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from npudoctor.terminal import is_shell_variable, shell_variable
 
 if TYPE_CHECKING:
     from npudoctor.results import Result
@@ -102,11 +103,8 @@ _MAX_DEPTH = 32
 
 
 # What stands for a secret: ``***`` in a report; the mark of a shell reference named after the
-# secret (``shell_secrets``) in a command to paste. The mark holds a nonce of this process, so that
-# no value a user wrote can pass for one.
+# secret (``npudoctor.terminal.shell_variable``) in a command to paste.
 Mask = Callable[[str], str]
-_NONCE = f"npudoctor{secrets.token_hex(8)}x"
-_SHELL_MARK = re.compile(f"{_NONCE}([A-Z_][A-Z0-9_]*){_NONCE}")
 
 
 def _report_mask(_name: str) -> str:
@@ -115,26 +113,11 @@ def _report_mask(_name: str) -> str:
 
 def _shell_mask(name: str) -> str:
     variable = re.sub(r"[^A-Za-z0-9_]+", "_", name.strip("-")).strip("_").upper() or "SECRET"
-    return f"{_NONCE}{'_' + variable if variable[0].isdigit() else variable}{_NONCE}"
+    return shell_variable("_" + variable if variable[0].isdigit() else variable)
 
 
 def _is_masked(text: str) -> bool:
-    return text == REDACTED or text.startswith(_NONCE)
-
-
-def shell_secrets(word: str) -> list[tuple[str, bool]]:
-    """``word`` (of ``redact_argv(..., for_shell=True)``) in pieces: ``(text, False)`` as given,
-    ``(NAME, True)`` where a secret was, to be written as a reference to the shell variable NAME."""
-    pieces: list[tuple[str, bool]] = []
-    start = 0
-    for match in _SHELL_MARK.finditer(word):
-        if match.start() > start:
-            pieces.append((word[start : match.start()], False))
-        pieces.append((match[1], True))
-        start = match.end()
-    if start < len(word) or not pieces:
-        pieces.append((word[start:], False))
-    return pieces
+    return text == REDACTED or is_shell_variable(text)
 
 
 def is_secret_name(name: object) -> bool:
@@ -218,7 +201,7 @@ def redact_argv(words: list[str] | tuple[str, ...], for_shell: bool = False) -> 
     (a JSON object's secret keys, a URL's password). A word may hold a flag and its values
     (``"--api-key X"``, as a launch command's kept flags are recorded), or a secret's name and its
     value without the ``=`` (``"DB_PASSWORD hunter2"``, a malformed ``--env``). ``for_shell``: for a
-    command to paste, each secret marked for ``shell_secrets`` instead of ``***``."""
+    command to paste, each secret marked as a shell variable (``shell_variable``) instead of ``***``."""
     mask = _shell_mask if for_shell else _report_mask
     out: list[str] = []
     secret_flag = ""
