@@ -243,13 +243,19 @@ def model_from_dir(path: Path, where: str) -> ModelFacts:
     return model_from_config_file(path / "config.json")
 
 
-def model_from_config_file(path: Path) -> ModelFacts:
+def _read_input(path: Path, limit: int, what: str, missing: str) -> bytes:
+    """The bytes of the input file ``path`` (``limits.read_bytes``: a regular file within
+    ``limit``); every way it cannot be read is one line naming the path, exit 2."""
     try:
-        raw = limits.read_bytes(path, limits.MAX_CONFIG_BYTES, "a model config")
+        return limits.read_bytes(path, limit, what)
     except FileNotFoundError:
-        raise InputError(f"{path}: no such model config file") from None
+        raise InputError(f"{path}: {missing}") from None
     except (OSError, ValueError) as error:  # denied, a name too long, a link loop, a NUL
         raise path_error(str(path), error) from None
+
+
+def model_from_config_file(path: Path) -> ModelFacts:
+    raw = _read_input(path, limits.MAX_CONFIG_BYTES, "a model config", "no such model config file")
     try:
         config = json.loads(raw.decode("utf-8-sig"))
     except json.JSONDecodeError as error:
@@ -287,12 +293,7 @@ def _parse_args(args: list[str], where: str):
 
 
 def _load_yaml(path: Path) -> Any:
-    try:
-        raw = limits.read_bytes(path, limits.MAX_YAML_BYTES, "a deployment file")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such deployment file") from None
-    except (OSError, ValueError) as error:  # denied, a name too long, a link loop, a NUL
-        raise path_error(str(path), error) from None
+    raw = _read_input(path, limits.MAX_YAML_BYTES, "a deployment file", "no such deployment file")
     try:
         text = raw.decode("utf-8")
         data = limits.load_yaml(text, str(path))  # safe_load, measured before anything is built

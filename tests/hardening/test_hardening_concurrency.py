@@ -21,7 +21,7 @@ import pytest
 import npudoctor
 from npudoctor.patching import records
 
-from support.filesystem import unwritable
+from support.filesystem import immutable, unwritable
 from support.repo import EXAMPLES
 from support.reports import without_progress
 
@@ -309,18 +309,6 @@ def test_apply_select_says_which_recorded_fixes_it_drops(cli, release, tmp_path)
     assert code == 0, err
     applied = json.loads(out)
     assert applied["applied"] == ["NPD001"] and applied["dropped"] == {"NPD006": "not selected"}, applied
-
-
-@contextlib.contextmanager
-def immutable(path: Path):
-    """``path`` that no rename can replace: the immutable attribute (root writes through any mode)."""
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"chattr +i does not work here: {done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 @pytest.mark.parametrize("blocked", ["RECORD", records.PLAN_FILE])
