@@ -29,6 +29,7 @@ the standard library is all it imports before ``npudoctor`` is loaded.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import multiprocessing.context
@@ -37,6 +38,7 @@ import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import runpy
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -49,6 +51,17 @@ def npudoctor_command(module: str, import_paths: list[str], *arguments: str) -> 
     images often set)."""
     flags = ["-I", "-B"] if sys.dont_write_bytecode else ["-I"]
     return [sys.executable, *flags, os.path.abspath(__file__), module, json.dumps(import_paths), *arguments]
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent ends (Linux ``PR_SET_PDEATHSIG``), however
+    the parent ends (a SIGKILL runs none of its cleanup): the live child, each zygote and its forks,
+    ``advise``'s workers. Elsewhere it just lives on. ``parent``: the parent's pid, to catch one that
+    ended before the call (the orphan's new parent may be a subreaper, not init)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
 
 
 def user_import_paths(env: dict[str, str]) -> list[str]:

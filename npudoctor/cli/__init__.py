@@ -38,7 +38,7 @@ class Interrupted(BaseException):
 
 # The signals that stop a command through ``Interrupted``, and the line each says. SIGQUIT keeps its
 # default action (a core dump to debug with); the live child and advise's workers die with this process
-# whatever ends it (``npudoctor.live.child_process.die_with_parent``).
+# whatever ends it (``npudoctor.interpreters.die_with_parent``).
 STOPPING_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
 
 

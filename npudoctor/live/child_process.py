@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
-import ctypes
 import dataclasses
 import gc
 import os
@@ -225,17 +224,6 @@ def _end(child: subprocess.Popen, stoppable: Stoppable | None) -> None:
     for stream in (child.stdout, child.stderr):
         if stream is not None:
             stream.close()
-
-
-def die_with_parent(parent: int) -> None:
-    """Have the kernel kill this process when its parent ends (Linux ``PR_SET_PDEATHSIG``, as
-    ``npudoctor.live.zygote`` does), however the parent ends (a SIGKILL runs none of its cleanup);
-    elsewhere it just lives on. ``parent``: the parent's pid, to catch one that ended before the call
-    (the orphan's new parent may be a subreaper, not init)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent ended before the line above
-        os._exit(1)
 
 
 def _spawn(
@@ -462,7 +450,9 @@ def _child() -> int:
     sealing.use_scratch(Path(sys.argv[1]))  # its caller's: removed however this process ends
     sealing.seal()  # before anything imports sglang, transformers or huggingface_hub
     request = pickle.loads(sys.stdin.buffer.read())
-    die_with_parent(request["parent"])  # npudoctor SIGKILLed: no import of sglang runs on without it
+    interpreters.die_with_parent(
+        request["parent"]
+    )  # npudoctor SIGKILLed: no import of sglang runs on without it
     # whatever sglang prints, from Python or from native code writing to fd 1, must not corrupt
     # the answer: the answer gets its own copy of the pipe, and fd 1 becomes stderr
     sys.stdout.flush()

@@ -26,7 +26,6 @@ ending the caller ends them all.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import pickle
@@ -78,14 +77,6 @@ def _receive(fd: int) -> object | None:
         return None
     data = _read_exactly(fd, _HEADER.unpack(header)[0])
     return None if data is None else pickle.loads(data)
-
-
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when its parent ends (Linux); else it just lives on."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent ended before the line above
-        os._exit(1)
 
 
 # -- inside the zygote ---------------------------------------------------------------------------
@@ -148,11 +139,12 @@ class _Node:
     def _fork_child(self, step: tuple[str, str]) -> tuple[int, int, int]:
         to_read, to_write = os.pipe()
         from_read, from_write = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             status = 1
             try:
-                _die_with_parent()
+                interpreters.die_with_parent(parent)
                 os.close(to_write)
                 os.close(from_read)
                 for _, theirs_to, theirs_from in self.children.values():  # siblings' pipes stay theirs
@@ -184,11 +176,12 @@ class _Node:
         if _threads() > 1:
             return ("failed", "a thread runs in the zygote's process: it does not fork")
         answer_read, answer_write = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             status = 1
             try:
-                _die_with_parent()
+                interpreters.die_with_parent(parent)
                 os.close(answer_read)
                 data = pickle.dumps(self._probed(run))
                 view = memoryview(data)
@@ -248,7 +241,7 @@ def _copy(outcome: LiveOutcome) -> LiveOutcome:
 
 
 def _zygote() -> int:
-    """Entry point of a zygote: ``npudoctor.live.zygote SGLANG_ROOT STEPS_FD SCRATCH`` run in an
+    """Entry point of a zygote: ``npudoctor.live.zygote SGLANG_ROOT STEPS_FD SCRATCH PARENT_PID`` run in an
     isolated interpreter (``npudoctor.interpreters``), requests on stdin, answers on stdout."""
     from npudoctor.live import processstate, sealing
 
@@ -259,7 +252,7 @@ def _zygote() -> int:
     upstream_out = os.dup(1)
     os.dup2(2, 1)  # what sglang prints must not mix with the answers
     sys.stdout = sys.stderr
-    _die_with_parent()
+    interpreters.die_with_parent(int(sys.argv[4]))
     from npudoctor.engine.check import all_checks
     from npudoctor.live.npusim import simulated_npu
     from npudoctor.target.discovery import discover
@@ -291,7 +284,7 @@ class _Zygote:
         try:
             self.process = subprocess.Popen(
                 interpreters.npudoctor_command(
-                    "npudoctor.live.zygote", paths, root, str(steps_write), self.scratch
+                    "npudoctor.live.zygote", paths, root, str(steps_write), self.scratch, str(os.getpid())
                 ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

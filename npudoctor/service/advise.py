@@ -170,7 +170,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
             pool = ProcessPoolExecutor(
                 max_workers=jobs,
                 mp_context=interpreters.spawn_context(),
-                initializer=child_process.die_with_parent,  # a worker must not outlive npudoctor
+                initializer=interpreters.die_with_parent,  # a worker must not outlive npudoctor
                 initargs=(os.getpid(),),
             )
         else:
