@@ -17,7 +17,8 @@ of npudoctor runs through this file (``npudoctor_command``), which loads the ver
 package the caller runs (from its folder, whatever finds it there: site-packages, an editable
 install, ``PYTHONPATH``) and puts the folders the caller names first on ``sys.path`` (the sglang
 tree under test; the absolute folders of the user's ``PYTHONPATH``, where an installed sglang or
-the NPU stack's packages may be), each whole, whatever characters its path holds. A
+the NPU stack's packages may be), each whole, whatever characters its path holds, and, last, the
+package folders the live depth adds after its interpreter's own (``npudoctor.live.toolenv``). A
 ``sitecustomize`` in those folders is not run: that happens only at start, from ``sys.path`` as
 it was then. The command the user has ``npudoctor run`` start is the user's own and keeps its
 environment (``npudoctor.service.planning``).
@@ -44,13 +45,21 @@ import threading
 from collections.abc import Iterator
 
 
-def npudoctor_command(module: str, import_paths: list[str], *arguments: str) -> list[str]:
-    """An isolated interpreter of this Python running npudoctor's ``module`` as ``python -m`` would,
-    with ``import_paths`` first on its ``sys.path``; its ``sys.argv[1:]`` are ``arguments``. It
-    writes no bytecode when this one does not (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``, which
-    images often set)."""
+def npudoctor_command(
+    module: str,
+    import_paths: list[str],
+    *arguments: str,
+    python: str | None = None,
+    last_paths: tuple[str, ...] | list[str] = (),
+) -> list[str]:
+    """An isolated interpreter of this Python (or of ``python``: the live depth's,
+    ``npudoctor.live.toolenv``) running npudoctor's ``module`` as ``python -m`` would, with
+    ``import_paths`` first on its ``sys.path`` and ``last_paths`` last; its ``sys.argv[1:]`` are
+    ``arguments``. It writes no bytecode when this one does not (``-I`` ignores
+    ``PYTHONDONTWRITEBYTECODE``, which images often set)."""
     flags = ["-I", "-B"] if sys.dont_write_bytecode else ["-I"]
-    return [sys.executable, *flags, os.path.abspath(__file__), module, json.dumps(import_paths), *arguments]
+    paths = json.dumps({"first": list(import_paths), "last": list(last_paths)})
+    return [python or sys.executable, *flags, os.path.abspath(__file__), module, paths, *arguments]
 
 
 def die_with_parent(parent: int) -> None:
@@ -119,11 +128,12 @@ def spawn_context() -> multiprocessing.context.SpawnContext:
 
 
 def _start() -> None:
-    """``python -I interpreters.py MODULE IMPORT_PATHS_JSON ARGS...``: the import paths first on
-    ``sys.path``, ``npudoctor`` loaded from this file's folder, then ``MODULE`` run as ``__main__``
-    with ``ARGS`` as its arguments."""
+    """``python -I interpreters.py MODULE IMPORT_PATHS_JSON ARGS...``: the import paths first and
+    last on ``sys.path`` (those already on it stay where they are), ``npudoctor`` loaded from this
+    file's folder, then ``MODULE`` run as ``__main__`` with ``ARGS`` as its arguments."""
     module, import_paths = sys.argv[1], json.loads(sys.argv[2])
-    sys.path[:0] = import_paths
+    sys.path[:0] = import_paths["first"]
+    sys.path.extend(p for p in import_paths["last"] if p not in sys.path)
     package = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location(
         "npudoctor", os.path.join(package, "__init__.py"), submodule_search_locations=[package]

@@ -20,8 +20,10 @@ from npudoctor.cli.options import (
     IgnoreOption,
     NoRecordedFixesOption,
     OutputOption,
+    PythonOption,
     QuietOption,
     SelectOption,
+    use_python,
 )
 
 EPILOG = (
@@ -89,6 +91,7 @@ def advise(
     fail_on: FailOnOption = FailOn.fail,
     ignore: IgnoreOption = None,
     no_recorded_fixes: NoRecordedFixesOption = False,
+    python: PythonOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
@@ -96,6 +99,7 @@ def advise(
     from npudoctor.service.advise import AdviseRequest, exit_status
     from npudoctor.service.advise import advise as check_releases
 
+    use_python(python)
     output.require_destination(
         output_path, github=output_format is AdviseFormat.github, inputs=deployment.inputs()
     )

@@ -19,10 +19,12 @@ from npudoctor.cli.options import (
     IgnoreOption,
     NoRecordedFixesOption,
     OutputOption,
+    PythonOption,
     QuietOption,
     SelectOption,
     SglangPathOption,
     ids,
+    use_python,
 )
 from npudoctor.errors import ExitCode
 
@@ -45,6 +47,7 @@ class Format(str, Enum):
 def check(
     deployment: DeploymentOptions,
     sglang_path: SglangPathOption = None,
+    python: PythonOption = None,
     depth: Annotated[
         Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
     ] = (Depth.auto),
@@ -72,6 +75,7 @@ def check(
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import run as run_checks
 
+    use_python(python)
     output.require_destination(
         output_path,
         github=output_format is Format.github,

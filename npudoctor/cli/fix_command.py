@@ -20,8 +20,10 @@ from npudoctor.cli.options import (
     Depth,
     FixSelection,
     PlanDepth,
+    PythonOption,
     QuietOption,
     SglangPathOption,
+    use_python,
 )
 from npudoctor.errors import ExitCode, InputError
 
@@ -56,6 +58,7 @@ def fix(
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
     sglang_path: SglangPathOption = None,
+    python: PythonOption = None,
     site: Annotated[
         Path | None,
         typer.Option(
@@ -75,6 +78,7 @@ def fix(
 
     if sum((apply, revert, status)) > 1:
         raise InputError("give at most one of --apply, --revert, --status")
+    use_python(python)
     output.require_stdout()
     as_json = output_format is DataFormat.json
     request = deployment.check_request(depth, select=select, sglang_path=sglang_path)

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
-from npudoctor.cli.options import DataFormat
+from npudoctor.cli.options import DataFormat, PythonOption, use_python
 from npudoctor.errors import InputError
 
 
@@ -95,12 +95,29 @@ def _facts(deployment: DeploymentOptions):
 
 def env_command(
     output_format: Annotated[DataFormat, typer.Option("--format", "-f")] = DataFormat.text,
+    python: PythonOption = None,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            "--prepare",
+            help="Build npudoctor's own live environment (a venv in its cache with a CPU torch and the "
+            "packages sglang imports) if the live depth needs it, once, for a runner that is offline "
+            "later. Never installs into the environment sglang runs in.",
+        ),
+    ] = False,
 ) -> None:
-    """Inventory of this host: Python, torch, torch_npu, CANN, npu-smi, sglang, relevant env vars (secrets redacted)."""
+    """Inventory of this host: Python, torch, torch_npu, CANN, npu-smi, sglang, relevant env vars (secrets
+    redacted), and which interpreter the live depth runs in."""
     import json
 
     from npudoctor.target.hostinfo import inventory
 
+    use_python(python)
+    if prepare:
+        from npudoctor.live import toolenv
+
+        toolenv.prepare(output.say)
+        return
     output.require_stdout()
     data = inventory()
     if output_format is DataFormat.json:
@@ -113,6 +130,10 @@ def env_command(
             value = _live_depth_line(value)
         if key != "environment":  # one line each, never folded: a long interpreter path stays whole
             console.print(f"[bold]{key:<{width}}[/]  {escape(str(value))}", soft_wrap=True)
+    if not data["live-depth"]["runs"]:  # the one hint: the command that makes it run
+        console.print(
+            f"[bold]{'prepare':<{width}}[/]  {escape(data['live-depth']['prepare'])}", soft_wrap=True
+        )
     if data["environment"]:
         console.print("[bold]environment[/]")
         for key, value in data["environment"].items():
@@ -120,9 +141,11 @@ def env_command(
 
 
 def _live_depth_line(live: dict) -> str:
-    """Whether the live depth runs here, and what to install when a requirement is missing."""
+    """Whether the live depth runs, and in which interpreter."""
     if not live["runs"]:
-        return f"does not run here: {live['reason']}"
+        return f"does not run: {live['reason']}"
+    if live["uses"] == "live-env":
+        return f"runs in npudoctor's own live environment ({live['interpreter']})"
     if live["missing"]:
-        return f"runs here, standing in what a release imports of the missing: {live['reason']}"
-    return "runs here: every live requirement is installed"
+        return f"runs in {live['interpreter']}, standing in what a release imports of the missing: {live['reason']}"
+    return f"runs in {live['interpreter']}: every live requirement is installed"

@@ -92,6 +92,26 @@ IgnoreOption = Annotated[
         help="Accept this check's finding (until DATE, YYYY-MM-DD; repeatable).",
     ),
 ]
+PythonOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--python",
+        metavar="PATH",
+        help="The interpreter of the environment sglang runs in, for npudoctor installed in a venv of its "
+        "own: its sglang is checked, and the live depth runs in it where torch and numpy import there "
+        "(else in npudoctor's own live environment, `npudoctor env --prepare`).",
+    ),
+]
+
+
+def use_python(python: Path | None) -> None:
+    """Check the environment of ``--python`` (asked now: a bad path is exit 2 before any work), else
+    npudoctor's own."""
+    from npudoctor.target import pythonenv
+
+    pythonenv.use_python(python)
+
+
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines on stderr.")]
 NoRecordedFixesOption = Annotated[
     bool,

@@ -8,7 +8,7 @@ import typer
 
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
-from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth
+from npudoctor.cli.options import AllowUnsafe, Depth, FixSelection, PlanDepth, PythonOption, use_python
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError, NoTargetError
 
@@ -35,6 +35,7 @@ def run(
     select: FixSelection = None,
     unsafe: AllowUnsafe = False,
     depth: PlanDepth = Depth.auto,
+    python: PythonOption = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Every fix's decision, on stderr.")
     ] = False,
@@ -51,14 +52,15 @@ def run(
         shown = redact_argv(command[:1])[0]  # `--api-key=X` before the `--`
         raise InputError(f"unknown option {shown!r} (the command goes after '--')")
     planning.resolve_command(command)  # 127/126 before any planning
+    use_python(python)
     request = deployment.check_request(depth, select=select)
     facts = operations.run_deployment(request)
     try:
         target = discover()
     except NoTargetError:
         raise NoTargetError(
-            "run: no sglang found: it is not installed in this interpreter, whose sglang `npudoctor run` "
-            "fixes (install npudoctor where sglang is, or put sglang on PYTHONPATH)"
+            "run: no sglang found: it is not installed in the environment whose sglang `npudoctor run` "
+            "fixes (--python PATH names the interpreter sglang runs in; or put sglang on PYTHONPATH)"
         ) from None
     if target.has_ascend_backend:
         planned = operations.plan_fixes(request, target, facts, unsafe, quiet)

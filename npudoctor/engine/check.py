@@ -46,6 +46,9 @@ class LiveOutcome:
     probes: dict[str, Probe] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     unavailable: str | None = None  # why no live probe could run at all
+    prepare: str | None = (
+        None  # with ``unavailable``: the command that makes it run (``npudoctor.live.toolenv``)
+    )
     not_run: dict[str, str] = field(default_factory=dict)  # check id -> why its live probe did not run
     # a module (or a name in one) this host lacks, stood in for the import -> the check that needed it
     stood_in: dict[str, str] = field(default_factory=dict)

@@ -226,7 +226,10 @@ def _live(live: dict | None, verbose: bool) -> list[RenderableType]:
     if live is None:
         return []
     if not live.get("ran"):
-        return [Para(str(live.get("reason", "")), lead="live depth not run: ")]
+        reason = [Para(str(live.get("reason", "")), lead="live depth not run: ")]
+        if live.get("prepare"):  # the one hint: a command to paste, never wrapped
+            reason.append(Whole(Text.assemble(("prepare it: ", "bold"), live["prepare"]), indent=INDENT))
+        return reason
     kept = (
         " (kept from an earlier identical run; NPUDOCTOR_NO_CACHE=1 runs it again)"
         if live.get("from_cache")

@@ -36,6 +36,7 @@ from pathlib import Path
 from npudoctor import interpreters
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
+from npudoctor.live import toolenv
 from npudoctor.results import Status
 from npudoctor.target import hostinfo
 from npudoctor.target.discovery import Target
@@ -137,9 +138,9 @@ def start(
     ids = [c.id for c in checks]
     if not ids:
         return LiveRun(LiveOutcome())
-    readiness = hostinfo.live_readiness()
-    if not readiness.runs:  # a slim or minimal install: the static depth is all there is
-        return LiveRun(LiveOutcome(unavailable=readiness.reason()))
+    interpreter = toolenv.select()  # the checked environment's, or npudoctor's own live environment
+    if isinstance(interpreter, toolenv.NoLiveInterpreter):  # the static depth is all there is
+        return LiveRun(LiveOutcome(unavailable=interpreter.reason, prepare=interpreter.prepare))
     env = dict(os.environ)
     paths = import_paths(target, env)
     if _pool is not None:
@@ -235,8 +236,8 @@ def _spawn(
     env: dict[str, str],
     paths: list[str],
 ) -> LiveRun:
-    """Start a fresh child interpreter for the run (isolated, ``paths`` first on its ``sys.path``),
-    the request on its stdin.
+    """Start a fresh child interpreter for the run (isolated, in the live interpreter
+    ``toolenv.select`` chose, ``paths`` first on its ``sys.path``), the request on its stdin.
 
     The child's scratch directory (and ``TMPDIR``) is one this process makes and removes once the
     child is reaped (``LiveRun.stop``): what the child puts there (``npudoctor.live.sealing``; the
@@ -244,6 +245,9 @@ def _spawn(
     stoppable = _stoppable.get()
     if stoppable is not None and stoppable.stopped:
         return LiveRun(LiveOutcome(unavailable="stopped: the live run did not start"))
+    interpreter = toolenv.select()
+    if isinstance(interpreter, toolenv.NoLiveInterpreter):
+        return LiveRun(LiveOutcome(unavailable=interpreter.reason, prepare=interpreter.prepare))
     scratch = new_scratch()
     env = {**env, "TMPDIR": scratch}
     steps_read, steps_write = os.pipe()
@@ -261,7 +265,13 @@ def _spawn(
     request_read, request_write = os.pipe()
     try:
         child = subprocess.Popen(
-            interpreters.npudoctor_command("npudoctor.live.child_process", paths, scratch),
+            interpreters.npudoctor_command(
+                "npudoctor.live.child_process",
+                paths,
+                scratch,
+                python=interpreter.python,
+                last_paths=interpreter.last,
+            ),
             stdin=request_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -365,17 +375,14 @@ def _stood_in_note(outcome: LiveOutcome) -> str:
 
 
 def _required_here() -> str | None:
-    """The packages of npudoctor's live requirements stood in (this host lacks them), and how to
-    install them."""
+    """The packages of npudoctor's live requirements stood in (the live interpreter lacks them).
+    Never an install command: this interpreter may be the one sglang serves from."""
     from npudoctor.live import standins
 
     required = sorted(standins.missing_packages() & set(hostinfo.live_requirements()))
     if not required:
         return None
-    return (
-        f"npudoctor's live requirements not installed here: {', '.join(required)} "
-        f"({hostinfo.live_install_command()})"
-    )
+    return f"npudoctor's live requirements not installed for {sys.executable}: {', '.join(required)}"
 
 
 def import_for(check_id: str, check: Check, outcome: LiveOutcome) -> None:

@@ -276,15 +276,25 @@ class _Zygote:
     """The caller's end of one zygote: its process, its pipes, and the progress it reports."""
 
     def __init__(self, root: str, paths: list[str], env: dict[str, str]):
-        from npudoctor.live import child_process
+        from npudoctor.live import child_process, toolenv
 
+        interpreter = toolenv.select()  # a run the pool serves has had it chosen (``child_process.start``)
+        if isinstance(interpreter, toolenv.NoLiveInterpreter):
+            raise OSError(interpreter.reason)
         steps_read, steps_write = os.pipe()
         self.on_step: Callable[[str], None] | None = None
         self.scratch = child_process.new_scratch()
         try:
             self.process = subprocess.Popen(
                 interpreters.npudoctor_command(
-                    "npudoctor.live.zygote", paths, root, str(steps_write), self.scratch, str(os.getpid())
+                    "npudoctor.live.zygote",
+                    paths,
+                    root,
+                    str(steps_write),
+                    self.scratch,
+                    str(os.getpid()),
+                    python=interpreter.python,
+                    last_paths=interpreter.last,
                 ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -187,7 +187,7 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
     if outcome is None:
         return None
     if outcome.unavailable:
-        return {"ran": False, "reason": outcome.unavailable}
+        return {"ran": False, "reason": outcome.unavailable, "prepare": outcome.prepare}
     return {
         "ran": True,
         "from_cache": outcome.from_cache,  # kept from an earlier identical run: the seconds are that run's

@@ -1,7 +1,8 @@
 """Find the sglang under test without importing it.
 
 A target is either the installed distribution (version from ``importlib.metadata``,
-files from ``importlib.util.find_spec``) or a directory given with ``--sglang-path``:
+files from ``importlib.util.find_spec``, in the checked environment: ``--python``'s or this
+interpreter's) or a directory given with ``--sglang-path``:
 an unpacked wheel or a source checkout, pointing at the directory that holds
 ``sglang/`` (or at ``sglang/`` itself, or at a checkout whose ``python/`` holds it).
 """
@@ -9,8 +10,6 @@ an unpacked wheel or a source checkout, pointing at the directory that holds
 from __future__ import annotations
 
 import ast
-import importlib.metadata
-import importlib.util
 import os
 from functools import cached_property
 from pathlib import Path
@@ -118,18 +117,21 @@ def require_ascend_backend(target: Target) -> None:
 
 
 def _installed() -> Target:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    """The sglang installed in the checked environment (``npudoctor.target.pythonenv``: this
+    interpreter's, or the one ``--python`` names)."""
+    from npudoctor.target import pythonenv
+
+    checked = pythonenv.checked()
+    if checked.sglang is None:
+        where = f"for {checked.executable}" if checked.named else "in this interpreter"
+        hint = "" if checked.named else "; --python PATH to check the environment sglang runs in"
         raise NoTargetError(
-            "no sglang found: it is not installed in this interpreter "
-            "(use --sglang-path to check an unpacked wheel or a source checkout)"
+            f"no sglang found: it is not installed {where} "
+            f"(use --sglang-path to check an unpacked wheel or a source checkout{hint})"
         )
-    package_dir = Path(next(iter(spec.submodule_search_locations)))
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        version = _version_from_tree(package_dir)
-    return Target(package_dir, version, "installed")
+    found, version = checked.sglang
+    package_dir = Path(found)
+    return Target(package_dir, version or _version_from_tree(package_dir), "installed")
 
 
 def _from_path(path: Path) -> Target:

@@ -3,8 +3,9 @@
 Versions come from package metadata, CANN from its install files, the NPUs from
 ``npu-smi`` when it is on PATH. Environment variables that steer sglang or the NPU
 stack are listed with credential-looking values redacted. Whether the live depth can run
-here (``live_readiness``: the modules of its requirements this interpreter lacks) is what the
-live child asks too before it starts.
+here (``live_readiness``: the modules of its requirements the checked environment lacks, and
+``npudoctor.live.toolenv``: which interpreter it runs in) is what ``check`` asks too before it
+starts the live child.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ _CANN_VERSION_FILES = (
 )
 
 
-# The live depth's CPU dependency set, shipped inside npudoctor (package data), so the install
-# command printed names files that exist wherever npudoctor is installed.
+# The live depth's CPU dependency set, shipped inside npudoctor (package data): what npudoctor's
+# own live environment is made from (``npudoctor.live.toolenv``), wherever npudoctor is installed.
 LIVE_REQUIREMENTS = "requirements-live.txt"
 LIVE_CONSTRAINTS = "constraints-live.txt"
 # Requirements whose import name is not the distribution's name.
@@ -54,40 +55,34 @@ LIVE_NEEDS = ("torch", "numpy")
 
 @dataclass(frozen=True)
 class LiveReadiness:
-    """Which modules of the live depth's requirements this interpreter lacks."""
+    """Which modules of the live depth's requirements the checked environment lacks."""
 
     missing: tuple[str, ...]  # import names, in the requirements' order
+    python: str  # the checked environment's interpreter
 
     @property
     def runs(self) -> bool:
-        """Whether the live depth can run here (it needs ``LIVE_NEEDS``; the rest is stood in)."""
+        """Whether the live depth can run in the checked environment's own interpreter (it needs
+        ``LIVE_NEEDS``; the rest is stood in). When it cannot, npudoctor's own live environment may
+        (``npudoctor.live.toolenv``)."""
         return not set(LIVE_NEEDS) & set(self.missing)
 
-    @property
-    def install(self) -> str:
-        return live_install_command()
-
-    def reason(self) -> str | None:
-        """One line: what is missing and how to install it (None when nothing is)."""
+    def reason(self, blocking_only: bool = False) -> str | None:
+        """One line: what is missing (of ``LIVE_NEEDS`` only, ``blocking_only``), and where (None
+        when nothing is). Never an install command: the checked environment is the one sglang
+        serves from."""
         if not self.missing:
             return None
         blocking = [m for m in self.missing if m in LIVE_NEEDS]
-        first, *rest = blocking + [m for m in self.missing if m not in LIVE_NEEDS]
+        others = [] if blocking_only and blocking else [m for m in self.missing if m not in LIVE_NEEDS]
+        first, *rest = blocking + others
         nor = f" (nor {', '.join(rest)})" if rest else ""
-        return (
-            f"{first} is not installed in this interpreter{nor}: the live depth imports sglang with "
-            f"npudoctor's live requirements; install them with: {self.install}"
-        )
+        return f"{first} is not installed for {self.python}{nor}"
 
 
 def live_data_file(name: str) -> Path:
     """A file of npudoctor's package data (``npudoctor/data/``), where this npudoctor is installed."""
     return Path(__file__).resolve().parents[1] / "data" / name
-
-
-def live_install_command() -> str:
-    """The command that installs the live depth's requirements (the files shipped with npudoctor)."""
-    return f"pip install -r {live_data_file(LIVE_REQUIREMENTS)} -c {live_data_file(LIVE_CONSTRAINTS)}"
 
 
 def live_requirements() -> list[str]:
@@ -107,34 +102,70 @@ def live_requirements() -> list[str]:
 
 
 def live_readiness() -> LiveReadiness:
-    """The live depth's requirements this interpreter lacks (found without importing them)."""
-    return LiveReadiness(tuple(name for name in live_requirements() if not _findable(name)))
+    """The live depth's requirements the checked environment (``npudoctor.target.pythonenv``:
+    this interpreter's, or ``--python``'s) lacks, found without importing them."""
+    from npudoctor.target import pythonenv
+
+    checked = pythonenv.checked()
+    return LiveReadiness(
+        tuple(name for name in live_requirements() if name not in checked.findable), checked.executable
+    )
 
 
-def _findable(name: str) -> bool:
+def findable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
 
 
+def installed_sglang() -> tuple[str, str | None] | None:
+    """The installed ``sglang`` package folder of this interpreter and its version (None: none)."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return next(iter(spec.submodule_search_locations)), version
+
+
 def _live_depth() -> dict:
+    """Whether the live depth runs, in which interpreter (the checked environment's, or npudoctor's
+    own live environment), and the command that prepares that environment."""
+    from npudoctor.live import toolenv
+
     readiness = live_readiness()
+    chosen = toolenv.select()
+    environment = toolenv.location()
+    ran = isinstance(chosen, toolenv.LiveInterpreter)
     return {
-        "runs": readiness.runs,
-        "missing": list(readiness.missing),
-        "reason": readiness.reason(),
-        "install": readiness.install,
+        "runs": ran,
+        "interpreter": chosen.python if ran else None,
+        "uses": chosen.where if ran else None,
+        "missing": list(readiness.missing) if not ran or chosen.where == "host" else [],
+        "reason": chosen.reason if not ran else readiness.reason() if chosen.where == "host" else None,
+        "live-env": str(environment),
+        "live-env-state": toolenv.state(environment) or "ready",
+        "prepare": toolenv.prepare_command(),
     }
 
 
 def inventory() -> dict:
+    from npudoctor.target import pythonenv
+
+    named = pythonenv.named()
     return {
         "npudoctor": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
+        **({"checked-python": named.describe()} if named else {}),
         "platform": platform.platform(),
-        "torch": _dist_version("torch"),
-        "torch_npu": _dist_version("torch_npu"),
+        "torch": _dist_version("torch") if not named else _found(named, "torch"),
+        "torch_npu": _dist_version("torch_npu") if not named else _found(named, "torch_npu"),
         "sglang": _sglang(),
         "cann": _cann_version(),
         "npu-smi": _npu_smi(),
@@ -152,11 +183,17 @@ def _dist_version(name: str) -> str:
         return "not installed"
 
 
+def _found(environment, name: str) -> str:
+    return "installed" if name in environment.findable else "not installed"
+
+
 def _sglang() -> str:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    from npudoctor.target import pythonenv
+
+    found = pythonenv.checked().sglang
+    if found is None:
         return "not installed"
-    return f"{_dist_version('sglang')} ({next(iter(spec.submodule_search_locations))})"
+    return f"{found[1] or 'unknown version'} ({found[0]})"
 
 
 def _cann_version() -> str:

@@ -91,12 +91,21 @@ def keep(value: object, kind: str, tree: tuple[str, ...], *inputs: str) -> None:
 
 
 def installed_fingerprint() -> str:
-    """The Python environment this process imports from: the interpreter, ``sys.path`` and the
-    distributions installed on it (their ``*.dist-info`` names carry the versions). The live
-    depth's answer depends on them (torch's version, which modules stand in), not only on the
-    tree: an install or upgrade beside sglang is a new key. One directory listing per path entry."""
+    """The Python environments the live child imports from: this process's (the interpreter,
+    ``sys.path``), the live interpreter ``npudoctor.live.toolenv`` chose (``--python``'s or
+    npudoctor's own live environment) with the folders it adds, and the distributions installed on
+    each path (their ``*.dist-info`` names carry the versions). The live depth's answer depends on
+    them (torch's version, which modules stand in), not only on the tree: an install or upgrade
+    beside sglang is a new key. One directory listing per path entry."""
+    from npudoctor.live import toolenv
+    from npudoctor.target import pythonenv
+
+    chosen = toolenv.select()
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode("utf-8", "surrogateescape"))
-    for entry in sys.path:
+    if isinstance(chosen, toolenv.LiveInterpreter):
+        digest.update(f"\0{chosen.key()}".encode())
+    named = pythonenv.named()
+    for entry in [*sys.path, *(named.path if named else ())]:
         digest.update(f"\0{entry}\n".encode("utf-8", "surrogateescape"))
         with contextlib.suppress(OSError), os.scandir(entry or ".") as entries:
             names = sorted(e.name for e in entries if e.name.endswith((".dist-info", ".egg-info", ".pth")))
