@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -104,3 +106,15 @@ def test_a_second_npudoctor_waits_for_the_first_one_building(tiny):
     second.join(timeout=600)
     assert not second.is_alive()
     assert toolenv.state(environment) is None, said
+
+
+def test_the_prepare_command_names_the_npudoctor_that_runs(tmp_path, monkeypatch):
+    """``npudoctor`` when the one on PATH runs in this interpreter, else this interpreter's ``-m``."""
+    script = tmp_path / "bin" / "npudoctor"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\nimport sys\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert toolenv.prepare_command() == "npudoctor env --prepare"
+    script.write_text("#!/usr/bin/python3\nimport sys\n")
+    assert shlex.split(toolenv.prepare_command()) == [sys.executable, "-m", "npudoctor", "env", "--prepare"]
