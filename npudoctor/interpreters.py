@@ -40,6 +40,7 @@ import multiprocessing.util
 import os
 import runpy
 import signal
+import site
 import sys
 import threading
 from collections.abc import Iterator
@@ -129,11 +130,14 @@ def spawn_context() -> multiprocessing.context.SpawnContext:
 
 def _start() -> None:
     """``python -I interpreters.py MODULE IMPORT_PATHS_JSON ARGS...``: the import paths first and
-    last on ``sys.path`` (those already on it stay where they are), ``npudoctor`` loaded from this
-    file's folder, then ``MODULE`` run as ``__main__`` with ``ARGS`` as its arguments."""
+    last on ``sys.path`` (the last ones as site directories: their ``.pth`` files are read, an
+    editable install's finder among them; those already on it stay where they are), ``npudoctor``
+    loaded from this file's folder, then ``MODULE`` run as ``__main__`` with ``ARGS`` as its
+    arguments."""
     module, import_paths = sys.argv[1], json.loads(sys.argv[2])
     sys.path[:0] = import_paths["first"]
-    sys.path.extend(p for p in import_paths["last"] if p not in sys.path)
+    for folder in import_paths["last"]:  # with its .pth files, as its own interpreter reads them
+        site.addsitedir(folder)
     package = os.path.dirname(os.path.abspath(__file__))
     spec = importlib.util.spec_from_file_location(
         "npudoctor", os.path.join(package, "__init__.py"), submodule_search_locations=[package]

@@ -160,15 +160,16 @@ def prepare_command() -> str:
 
 def select() -> LiveInterpreter | NoLiveInterpreter:
     """The interpreter the live depth runs in (see the module's docstring), or why there is none."""
-    checked, own = pythonenv.checked(), pythonenv.own()
+    checked = pythonenv.checked()
     readiness = hostinfo.live_readiness()
     if readiness.runs:
-        last = () if checked.is_npudoctors else _unique(own.package_folders())
+        last = () if checked.is_npudoctors else _unique(pythonenv.own().package_folders())
         return LiveInterpreter(checked.executable, last, "host")
     environment = location()
     why = state(environment)
     if why is None:
-        last = _unique([*checked.package_folders(), *own.package_folders()])
+        checked_folders = (checked if checked.named else pythonenv.own()).package_folders()
+        last = _unique([*checked_folders, *pythonenv.own().package_folders()])
         return LiveInterpreter(str(python_in(environment)), last, "live-env")
     return NoLiveInterpreter(
         reason=f"{readiness.reason(blocking_only=True)}, and npudoctor's own live environment "

@@ -17,6 +17,7 @@ interpreter's path (``npudoctor.live.toolenv``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -82,8 +83,10 @@ class PythonEnvironment:
 
     def package_folders(self) -> list[str]:
         """The folders of ``sys.path`` that hold its packages (site-packages, those its ``.pth``
-        files add): every absolute, existing entry but the standard library's and zip files."""
+        files add): every absolute, existing folder but the standard library's (its extension
+        modules' ``lib-dynload`` too: built for this Python only)."""
         stdlib = {os.path.normpath(p) for p in self.stdlib if p}
+        stdlib |= {os.path.join(p, "lib-dynload") for p in stdlib}
         return [
             entry
             for entry in self.path
@@ -94,10 +97,12 @@ class PythonEnvironment:
         return f"{'.'.join(map(str, self.version))} ({self.executable})"
 
 
+@functools.lru_cache(maxsize=1)
 def own() -> PythonEnvironment:
-    """The environment of the interpreter npudoctor runs in (its package folders hold npudoctor's
-    own dependencies)."""
-    return _this_interpreter(())
+    """The environment of the interpreter npudoctor runs in, as an isolated interpreter of it sees
+    it (its package folders hold npudoctor's own dependencies; not the working directory nor
+    ``PYTHONPATH``, which ``python -m npudoctor`` has on its ``sys.path``)."""
+    return ask(sys.executable, ())
 
 
 def _this_interpreter(names: tuple[str, ...]) -> PythonEnvironment:
