@@ -1,5 +1,5 @@
 """checks/ and fixes/ ship inside npudoctor, never as top-level packages; so do the live depth's
-requirement files, whose install command npudoctor prints."""
+requirement files, which npudoctor's own live environment is made from."""
 
 from __future__ import annotations
 
@@ -64,10 +64,10 @@ def test_editable_install_maps_the_same_packages():
     assert done.returncode != 0
 
 
-def test_the_printed_install_command_names_files_of_the_installed_wheel(wheel, tmp_path):
-    """``npudoctor env`` (and the live depth, where it cannot run) print ``pip install -r
-    requirements-live.txt -c constraints-live.txt``; from a wheel installed anywhere, both files exist
-    where the command says, inside the installed package, with the repository's content."""
+def test_the_live_environment_is_made_from_files_of_the_installed_wheel(wheel, tmp_path):
+    """npudoctor's own live environment (``env --prepare``) is installed from
+    ``requirements-live.txt`` and ``constraints-live.txt``; from a wheel installed anywhere, both
+    are inside the installed package, with the repository's content, and name the environment."""
     names = zipfile.ZipFile(wheel).namelist()
     assert {"npudoctor/data/requirements-live.txt", "npudoctor/data/constraints-live.txt"} <= set(names)
     installed = tmp_path / "installed"
@@ -95,9 +95,13 @@ def test_the_printed_install_command_names_files_of_the_installed_wheel(wheel, t
         env={**os.environ, "PYTHONPATH": str(installed)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    words = json.loads(done.stdout)["live-depth"]["install"].split()
-    files = [Path(words[i + 1]) for i, word in enumerate(words) if word in ("-r", "-c")]
-    assert [f.name for f in files] == ["requirements-live.txt", "constraints-live.txt"], words
-    for path in files:
-        assert path.is_file() and path.is_relative_to(installed / "npudoctor"), path
-        assert path.read_text() == (REPO / path.name).read_text()  # the repository's top-level file
+    live = json.loads(done.stdout)["live-depth"]
+    assert "pip install" not in done.stdout and live["prepare"].endswith("npudoctor env --prepare"), live
+    for name in ("requirements-live.txt", "constraints-live.txt"):
+        path = installed / "npudoctor" / "data" / name
+        assert path.read_text() == (REPO / name).read_text()  # the repository's top-level file
+    code = "from npudoctor.live import toolenv; print(toolenv.location())"
+    here = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert live["live-env"] == here.stdout.strip()  # the same files: the same environment

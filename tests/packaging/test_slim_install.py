@@ -82,3 +82,36 @@ def test_other_commands(slim, release, tmp_path, args):
         assert plan["NPD001"] == "apply", plan
     if args[0] == "env" and "json" in args:
         assert json.loads(done.stdout)["torch"] == "not installed"
+
+
+def test_prepare_builds_the_live_environment_once_and_the_live_depth_runs_in_it(slim, release, tmp_path):
+    """Where torch is not installed, ``env --prepare`` builds npudoctor's own live environment from
+    the shipped requirement files (the one test that really builds it), a second one reuses it, and
+    ``check`` then runs the live depth in it, the slim venv's sglang-free environment untouched."""
+    first = run(slim, "env", "--prepare", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lines = first.stderr.splitlines()
+    assert any("making a venv" in line for line in lines) and any("pip" in line for line in lines), lines
+    environment = Path(lines[-1].rsplit("the live environment is ready: ", 1)[1])
+    marker = (environment / "npudoctor-live-env.json").stat().st_ino
+    again = run(slim, "env", "--prepare", cwd=tmp_path)
+    assert (again.returncode, again.stderr) == (
+        0,
+        f"npudoctor: the live environment is ready: {environment}\n",
+    )
+    assert (environment / "npudoctor-live-env.json").stat().st_ino == marker
+    inventory = json.loads(run(slim, "env", "-f", "json", cwd=tmp_path).stdout)
+    assert inventory["torch"] == "not installed"  # the slim venv itself got nothing
+    live = inventory["live-depth"]
+    assert (live["runs"], live["uses"], live["interpreter"]) == (
+        True,
+        "live-env",
+        str(environment / "bin" / "python"),
+    )
+    done = run(slim, "check", "-f", "json", "--depth", "live", "--select", "NPD001", "--sglang-path",
+               release("0.5.12"), "--config", EXAMPLES / "deepseek-v3-pd.yaml", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["live"]["ran"] is True, report["live"]
+    npd001 = next(r for r in report["results"] if r["id"] == "NPD001")
+    assert (npd001["status"], npd001["depth"]) == ("fail", "live"), npd001
