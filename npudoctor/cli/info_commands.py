@@ -116,6 +116,12 @@ def env_command(
     if prepare:
         from npudoctor.live import toolenv
 
+        chosen = toolenv.select()
+        if isinstance(chosen, toolenv.LiveInterpreter) and chosen.where == "host":  # no download for nothing
+            output.say(
+                f"the live depth runs in {chosen.python} (torch and numpy import there): nothing to prepare"
+            )
+            return
         toolenv.prepare(output.say)
         return
     output.require_stdout()

@@ -187,7 +187,8 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
     if outcome is None:
         return None
     if outcome.unavailable:
-        return {"ran": False, "reason": outcome.unavailable, "prepare": outcome.prepare}
+        prepare = {"prepare": outcome.prepare} if outcome.prepare else {}  # the command that makes it run
+        return {"ran": False, "reason": outcome.unavailable, **prepare}
     return {
         "ran": True,
         "from_cache": outcome.from_cache,  # kept from an earlier identical run: the seconds are that run's

@@ -34,6 +34,16 @@ def test_env_says_the_live_depth_runs_here(cli, monkeypatch):
     assert shlex.split(live["prepare"]) == [sys.executable, "-m", "npudoctor", "env", "--prepare"], live
 
 
+def test_prepare_builds_nothing_where_the_live_depth_runs_in_the_host(cli, static_cache):
+    code, out, err = cli("env", "--prepare")
+    assert (code, out) == (0, ""), err
+    assert (
+        err
+        == f"npudoctor: the live depth runs in {sys.executable} (torch and numpy import there): nothing to prepare\n"
+    )
+    assert not (static_cache / "live-env").exists()
+
+
 def without(module: str, tmp_path: Path):
     """``run(*args)``: npudoctor run in this interpreter as if ``module`` were not installed
     (``python -S``, then a copy of site-packages that lacks it added as a site directory, its

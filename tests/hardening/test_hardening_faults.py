@@ -57,7 +57,8 @@ def test_no_installed_sglang_exits_4(cli, monkeypatch):
         assert code == 4 and out == "", err
         assert err.strip() == (
             "npudoctor: error: no sglang found: it is not installed in this interpreter "
-            "(use --sglang-path to check an unpacked wheel or a source checkout)"
+            "(use --sglang-path to check an unpacked wheel or a source checkout; "
+            "--python PATH to check the environment sglang runs in)"
         )
 
 
