@@ -17,6 +17,7 @@ interpreter's path (``npudoctor.live.toolenv``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -101,8 +102,13 @@ class PythonEnvironment:
 def own() -> PythonEnvironment:
     """The environment of the interpreter npudoctor runs in, as an isolated interpreter of it sees
     it (its package folders hold npudoctor's own dependencies; not the working directory nor
-    ``PYTHONPATH``, which ``python -m npudoctor`` has on its ``sys.path``)."""
-    return ask(sys.executable, ())
+    ``PYTHONPATH``, which ``python -m npudoctor`` has on its ``sys.path``); read in this process,
+    its first entry left out, when it cannot be asked."""
+    try:
+        return ask(sys.executable, ())
+    except InputError:
+        here = _this_interpreter(())
+        return dataclasses.replace(here, path=here.path[1:])
 
 
 def _this_interpreter(names: tuple[str, ...]) -> PythonEnvironment:
