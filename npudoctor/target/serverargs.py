@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npudoctor.deployment.redact import redact_value
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, UnknownLaunchFlag
 from npudoctor.results import Location
 from npudoctor.static.source import ClassInfo, SourceTree, body_without_docstring, flatten_conditional
 from npudoctor.target import resultcache
@@ -447,9 +447,10 @@ def validate_arguments(facts: Facts, target: Target) -> None:
                 f"{', '.join(item.ambiguous)} and refuses it)"
             )
         hint = _did_you_mean(table.flag_suggestions(given.name), quote=False)
-        raise InputError(
+        raise UnknownLaunchFlag(
             f"{given.where}: unknown flag {_shown(given.name)} ({release} has no such flag, nor did any "
-            f"release {span}){hint}"
+            f"release {span}){hint}",
+            given.name,
         )
 
 
