@@ -59,6 +59,18 @@ def test_installed_with_torch_beside_it_judges_as_the_unpacked_release(
     assert report["results"] == json.loads(out)["results"]
 
 
+def test_a_site_packages_given_as_sglang_path_judges_as_the_unpacked_release(installed_sglang, release, cli):
+    """The same folder named with ``--sglang-path`` (the layout ``fix --apply`` records into)."""
+    site = installed_sglang(VERSION)
+    code, out, err = cli("check", "-q", "-f", "json", "--select", "NPP", "--sglang-path", site)
+    assert code in (0, 1), err
+    report = json.loads(out)
+    assert not [r["error"] for r in report["results"] if r["status"] == "error"]
+    code, out, err = cli("check", "-q", "-f", "json", "--select", "NPP", "--sglang-path", release(VERSION))
+    assert code in (0, 1), err
+    assert report["results"] == json.loads(out)["results"]
+
+
 def test_a_module_beside_the_package_is_outside_the_tree(installed_sglang):
     """Where torch's files lie beside sglang, its modules are still none of the tree's: they have no
     path in it, and a name imported from one is imported from outside."""
