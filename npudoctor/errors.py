@@ -33,6 +33,15 @@ class InputError(NpudoctorError):
     exit_code = ExitCode.USAGE
 
 
+class UnknownLaunchFlag(InputError):
+    """A flag of a launch command that sglang does not take, as written (``flag``): the command line
+    tells by it an npudoctor option written after ``--``, where sglang's nearest flag would mislead."""
+
+    def __init__(self, message: str, flag: str):
+        super().__init__(message)
+        self.flag = flag
+
+
 class NoTargetError(NpudoctorError):
     """No sglang to check."""
 
@@ -49,6 +58,30 @@ def short_repr(value: Any, limit: int = 60) -> str:
     except (ValueError, RecursionError):
         text = f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def close_matches(given: str, choices: list[str]) -> list[str]:
+    """The choices closest to a value that is none of them (``difflib``), best first, at most three."""
+    import difflib
+
+    return difflib.get_close_matches(given, choices, n=3, cutoff=0.6)
+
+
+def did_you_mean(close: list[str], quote: bool = False) -> str:
+    """``"; did you mean A, B?"`` (the user reads the likely choice first), or "" for no match."""
+    return f"; did you mean {', '.join(repr(c) if quote else c for c in close)}?" if close else ""
+
+
+def unknown_ids(where: str, noun: str, unknown: list[str], known: list[str]) -> InputError:
+    """The one error for ids no registry has (``explain``, ``--select``, ``--ignore``, a config's
+    ignore list): the close matches first, then every known id when they are few, else the
+    command that lists them all (not a paragraph of 66 ids)."""
+    close = list(dict.fromkeys(match for token in unknown for match in close_matches(token, known)))
+    shown = ", ".join(t if t.isprintable() and t else short_repr(t) for t in unknown)
+    every = f"known: {', '.join(known)}" if len(known) <= 12 else "every id: npudoctor list"
+    prefix = f"{where}: " if where else ""
+    many = "s" if len(unknown) > 1 else ""
+    return InputError(f"{prefix}unknown {noun} id{many} {shown}{did_you_mean(close)} ({every})")
 
 
 # The words for an OSError's errno where the system's own (``strerror``) would mislead: ENOTDIR on

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from npudoctor.cli import main
 
 from support.repo import REPO, fetch_sglang
-from support.trees import SYNTHETIC_BUILDERS, cp_gap_tree, overlay_tree
+from support.trees import SYNTHETIC_BUILDERS, cp_gap_tree, installed_beside_torch, overlay_tree
 
 # The helpers tests share are modules of tests/support/ (repo, truths, trees, reports): import
 # them from there. This file holds the fixtures.
@@ -241,6 +242,28 @@ def live_zygotes(session_static_cache, shared_dir):
     finally:
         child_process.serve_from(previous)
         pool.close()
+
+
+@pytest.fixture(scope="session")
+def installed_sglang(release, shared_dir):
+    """``installed_sglang("0.5.23")`` -> a site-packages folder holding that release installed by
+    pip from its cached wheel, with torch beside it, as every real environment has it
+    (``support.trees.installed_beside_torch``); put it on ``PYTHONPATH`` to check it as the
+    installed sglang, or pass it to ``--sglang-path``. Built once per run, shared by the xdist
+    workers; a test must not write into it."""
+
+    def install(version: str) -> Path:
+        release(version)  # the wheel, fetched into the release cache once
+        wheel = fetch_sglang._releases.find_wheel(fetch_sglang.cache_dir() / "wheels", version)
+        site = shared_dir / f"installed-sglang-{version}"
+        with exclusive(shared_dir / f"installed-sglang-{version}.lock"):
+            if not (site / "torch").exists():
+                staging = shared_dir / f"installed-sglang-{version}.partial"
+                shutil.rmtree(staging, ignore_errors=True)
+                installed_beside_torch(wheel, staging).rename(site)
+        return site
+
+    return install
 
 
 @pytest.fixture

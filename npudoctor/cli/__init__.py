@@ -18,7 +18,7 @@ import typer
 
 from npudoctor.cli import output
 from npudoctor.cli.app import app
-from npudoctor.errors import ExitCode, NpudoctorError
+from npudoctor.errors import ExitCode, NpudoctorError, close_matches, did_you_mean, short_repr
 from npudoctor.terminal import TerminalConsole
 
 
@@ -76,7 +76,7 @@ def _main(argv: list[str] | None) -> int:
         return output.stdout_gone()
     except Exception as error:
         if _is_usage_error(error):
-            output.say(f"error: {error.format_message()}")
+            output.say(f"error: {_usage_line(error)}")
             return int(ExitCode.USAGE)
         # anything else is our bug: say so, with a way to see it
         if os.environ.get("NPUDOCTOR_DEBUG"):
@@ -92,6 +92,37 @@ def _is_usage_error(error: Exception) -> bool:
         callable(getattr(error, "format_message", None))
         and getattr(error, "exit_code", None) == ExitCode.USAGE
     )
+
+
+def _usage_line(error: Exception) -> str:
+    """A usage error as one line of npudoctor's own. typer checks option values with pydantic,
+    whose words leak into click's ("Invalid value for '--format' / '-f': Value error, 'sarf' is not
+    one of 'text', ..."): a value that is none of an option's choices reads ``--format: 'sarf' is
+    not one of text, json, ...; did you mean sarif?``, any other keeps click's line without
+    pydantic's "Value error, "."""
+    param = getattr(error, "param", None)
+    choices = _choices(param)
+    cause = error.__cause__
+    given = None
+    with contextlib.suppress(AttributeError, IndexError, KeyError, TypeError):
+        given = cause.errors()[0]["input"]  # type: ignore[union-attr]
+    if choices and isinstance(given, str) and given not in choices:
+        close = close_matches(given.lower(), choices)
+        return f"{param.opts[0]}: {short_repr(given)} is not one of {', '.join(choices)}{did_you_mean(close)}"
+    return error.format_message().replace("Value error, ", "")  # type: ignore[attr-defined]
+
+
+def _choices(param) -> list[str]:
+    """The values an option accepts when they are a fixed few (an Enum annotation), else []."""
+    import enum
+
+    try:
+        annotation = param.get_runtime_param().annotation
+    except Exception:  # typer's runtime parameter is private: without it, no choices, click's line
+        return []
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return [str(member.value) for member in annotation]
+    return []
 
 
 @contextlib.contextmanager

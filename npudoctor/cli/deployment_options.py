@@ -16,7 +16,7 @@ import typer
 
 from npudoctor.cli.options import Depth, FailOn, ids
 from npudoctor.deployment.redact import redact_argv
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, UnknownLaunchFlag
 
 if TYPE_CHECKING:
     from npudoctor.service.runner import CheckRequest
@@ -165,7 +165,10 @@ def takes_deployment(command: Callable) -> Callable:
         deployment = DeploymentOptions(
             launch_command=tuple(ctx.args), **{**given, "env": tuple(given["env"] or ())}
         )
-        return command(deployment=deployment, **options)
+        try:
+            return command(deployment=deployment, **options)
+        except UnknownLaunchFlag as error:
+            raise _misplaced_option(ctx, error) from None
 
     # the command's own parameters without a default (``explain``'s ID) keep their place first
     required = [p for p in own if p.default is inspect.Parameter.empty]
@@ -175,3 +178,21 @@ def takes_deployment(command: Callable) -> Callable:
         p.name: p.annotation for p in with_deployment.__signature__.parameters.values()
     }
     return with_deployment
+
+
+def _misplaced_option(ctx: typer.Context, error: UnknownLaunchFlag) -> InputError:
+    """``error`` as it is, unless its flag is one of this command's own options written after ``--``
+    (``npudoctor check -- python -m sglang.launch_server ... --format json``): then sglang's nearest
+    flag (``--load-format``) would mislead, and the line says where npudoctor's options go, with
+    the words to move (secrets redacted)."""
+    flag = error.flag.partition("=")[0]
+    param = next((p for p in ctx.command.params if flag in (*p.opts, *p.secondary_opts)), None)
+    at = next((i for i, word in enumerate(ctx.args) if word.partition("=")[0] == flag), None)
+    if param is None or at is None:
+        return error
+    takes_value = not getattr(param, "is_flag", False) and "=" not in ctx.args[at]
+    words = ctx.args[at : at + (2 if takes_value else 1)]
+    return InputError(
+        f"launch command: {flag} is an option of npudoctor {ctx.info_name}, not of sglang's server: "
+        f"npudoctor's options go before '--' (move {' '.join(redact_argv(words))!r} there)"
+    )

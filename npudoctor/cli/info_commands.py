@@ -11,7 +11,7 @@ from rich.markup import escape
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import DataFormat, PythonOption, use_python
-from npudoctor.errors import InputError
+from npudoctor.errors import unknown_ids
 
 
 class ListFormat(str, Enum):
@@ -70,7 +70,7 @@ def explain(
     checks = {c.id: c for c in all_checks()}
     item = checks.get(check_id.strip().upper())
     if item is None:
-        raise InputError(f"unknown check id {check_id!r} (known: {', '.join(checks)})")
+        raise unknown_ids("", "check", [check_id.strip().upper()], list(checks))
     listing.print_explain(output.console(), item, full, _facts(deployment))
 
 

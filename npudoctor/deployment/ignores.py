@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Any
 
-from npudoctor.errors import InputError, short_repr
+from npudoctor.errors import InputError, short_repr, unknown_ids
 from npudoctor.results import Depth, Remediation, Result, Status
 
 
@@ -67,7 +67,7 @@ def parse_yaml(entries: Any, where: str) -> list[Ignore]:
 def validate(ignores: list[Ignore], known_ids: set[str]) -> None:
     for entry in ignores:
         if entry.check_id not in known_ids:
-            raise InputError(f"{entry.origin}: unknown check id {entry.check_id!r}")
+            raise unknown_ids(entry.origin, "check", [entry.check_id], sorted(known_ids))
 
 
 def apply(results: list[Result], ignores: list[Ignore], today: dt.date) -> list[Result]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from npudoctor.deployment.limits import check_words
 from npudoctor.deployment.redact import redact_argv
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, UnknownLaunchFlag
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -116,8 +116,9 @@ def parse_arguments(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     while i < len(args):
         token = args[i]
         if not token.startswith("--") or token == "--":
-            raise InputError(
-                f"launch command: unexpected argument {redact_argv([token])[0]!r} (flags start with --)"
+            raise UnknownLaunchFlag(
+                f"launch command: unexpected argument {redact_argv([token])[0]!r} (flags start with --)",
+                token,
             )
         flag, has_inline, inline = token.partition("=")
         values: list[str] = [inline] if has_inline else []

@@ -13,7 +13,7 @@ import pkgutil
 from collections.abc import Iterator
 from typing import TypeVar
 
-from npudoctor.errors import InputError
+from npudoctor.errors import unknown_ids
 
 T = TypeVar("T")
 
@@ -67,8 +67,5 @@ def select(items: list[T], ids: list[str], noun: str, option: str = "--select") 
             unknown.append(token)
         chosen += matched
     if unknown:
-        shown = (
-            ", ".join(known) if len(known) <= 12 else f"{', '.join(list(known)[:8])}, ... (npudoctor list)"
-        )
-        raise InputError(f"{option}: unknown {noun} id(s) {', '.join(unknown)} (known: {shown})")
+        raise unknown_ids(option, noun, unknown, list(known))
     return [known[i] for i in dict.fromkeys(chosen)]

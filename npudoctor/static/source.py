@@ -297,6 +297,13 @@ class SourceTree:
         return f"{package}.{stmt.module}" if stmt.module else package
 
     def module_path(self, module: str) -> Path | None:
+        """The file of ``module`` if it is one of the tree's own (the package or below it), else
+        None. Installed, sglang shares its folder with its dependencies: ``torch.cuda.graphs`` is a
+        file beside it, yet no module of the tree (every path the tree hands out is below
+        ``package_dir``; ``relpath`` and ``module_name`` rely on it), and a name imported from it
+        is imported from outside, as in an unpacked wheel that holds sglang alone."""
+        if module.partition(".")[0] != self.package_dir.name:
+            return None
         base = self.root.joinpath(*module.split("."))
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
             if candidate.is_file():

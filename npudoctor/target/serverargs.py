@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npudoctor.deployment.redact import redact_value
-from npudoctor.errors import InputError
+from npudoctor.errors import InputError, UnknownLaunchFlag, did_you_mean
 from npudoctor.results import Location
 from npudoctor.static.source import ClassInfo, SourceTree, body_without_docstring, flatten_conditional
 from npudoctor.target import resultcache
@@ -436,7 +436,7 @@ def validate_arguments(facts: Facts, target: Target) -> None:
             continue
         given = item.given
         if given.kind == "field":
-            hint = _did_you_mean(table.field_suggestions(given.name))
+            hint = did_you_mean(table.field_suggestions(given.name), quote=True)
             raise InputError(
                 f"{given.where}: unknown server argument {redact_value(given.name)!r} ({release} has no "
                 f"ServerArgs field of that name, nor did any release {span}){hint}"
@@ -446,10 +446,11 @@ def validate_arguments(facts: Facts, target: Target) -> None:
                 f"{given.where}: ambiguous flag {_shown(given.name)} ({release} would read it as any of "
                 f"{', '.join(item.ambiguous)} and refuses it)"
             )
-        hint = _did_you_mean(table.flag_suggestions(given.name), quote=False)
-        raise InputError(
+        hint = did_you_mean(table.flag_suggestions(given.name))
+        raise UnknownLaunchFlag(
             f"{given.where}: unknown flag {_shown(given.name)} ({release} has no such flag, nor did any "
-            f"release {span}){hint}"
+            f"release {span}){hint}",
+            given.name,
         )
 
 
@@ -457,13 +458,6 @@ def _shown(flag: str) -> str:
     """A flag as the user wrote it, for one error line: secrets redacted, controls escaped."""
     text = redact_value(flag)
     return text if text.isprintable() else repr(text)
-
-
-def _did_you_mean(candidates: list[str], quote: bool = True) -> str:
-    if not candidates:
-        return ""
-    shown = [repr(c) if quote else c for c in candidates]
-    return f"; did you mean {' or '.join(shown)}?"
 
 
 def history_path() -> Path:

@@ -347,7 +347,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(release, comm
 
 def test_env_offers_only_the_formats_it_renders(cli):
     code, _, err = cli("env", "-f", "sarif")
-    assert code == 2 and "'sarif' is not one of 'text', 'json'" in err
+    assert code == 2 and "--format: 'sarif' is not one of text, json" in err
     done = _run("env", "--help")
     assert "--format<text|json>" in done.stdout.replace(" ", "") and "sarif" not in done.stdout
 

@@ -5,7 +5,8 @@ every xdist worker too). Fixtures stay in ``tests/conftest.py``; ``fixprobe.py``
 
 * ``repo``: the repository's root, its example deployments, ``scripts/fetch_sglang.py``;
 * ``truths``: the verified truths of ``tests/data/known.yaml`` and how to read them;
-* ``trees``: overlay copies of release trees, the edits tests make to them, synthetic states;
+* ``trees``: overlay copies of release trees, the edits tests make to them, synthetic states, a
+  release installed by pip with torch beside it;
 * ``reports``: a ``check`` JSON report through the ``cli`` fixture, one check's result in it;
 * ``filesystem``: directory states a test needs (one nothing can be written in, root included).
 

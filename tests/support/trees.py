@@ -73,3 +73,24 @@ def drop_fia_page_factor(tree: Path) -> None:
     start = source.index("if self.use_fia:", source.index("def get_contiguous_buf_infos"))
     end = source.index("else:", start)
     replace_text(pool, source[start:end], source[start:end].replace(".nbytes * self.page_size", ".nbytes"))
+
+
+def installed_beside_torch(wheel: Path, site: Path) -> Path:
+    """``site``, a site-packages folder as a real environment has it: the sglang ``wheel`` installed
+    by pip (``--no-deps --target``: the package and its ``.dist-info``) with torch beside it, the
+    running interpreter's own (a link to its package folder). An unpacked release tree holds
+    sglang alone, so a name that resolves into a dependency (``torch.cuda.graphs``) resolves to
+    nothing there and to torch's file here: only this layout shows what npudoctor does with it."""
+    import subprocess
+    import sys
+
+    import torch
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet"]
+        + ["--disable-pip-version-check", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    (site / "torch").symlink_to(Path(torch.__file__).parent, target_is_directory=True)
+    return site
