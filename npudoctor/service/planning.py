@@ -434,21 +434,23 @@ def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixe
     return RecordedFixes(path, plan, tuple(verified), not_used)
 
 
-def run_command(command: list[str], document: dict) -> int:
+def run_command(command: list[str], document: dict | None) -> int:
     """Run ``command`` with the bootstrap on ``PYTHONPATH``; returns its exit code.
 
     Every Python interpreter the command starts (sglang's spawned schedulers included)
     imports the bootstrap's ``sitecustomize``, which enables ``document``'s fixes. The plan
-    file lives in a temporary directory for the duration of the command.
+    file lives in a temporary directory for the duration of the command. ``document`` None
+    (``NPUDOCTOR_DISABLE_FIXES``): the command runs as given, with no bootstrap.
     """
     executable = resolve_command(command)
     workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
     try:
-        plan_path = workdir / "plan.json"
-        plan_path.write_text(json.dumps(document), encoding="utf-8")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
-        env[activation.RUN_PLAN] = str(plan_path)
+        if document is not None:
+            plan_path = workdir / "plan.json"
+            plan_path.write_text(json.dumps(document), encoding="utf-8")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+            env[activation.RUN_PLAN] = str(plan_path)
         try:
             child = subprocess.Popen([executable, *command[1:]], env=env)
         except OSError as error:
