@@ -78,8 +78,9 @@ def test_the_readme_flow_through_the_cli_runs_the_live_depth_once_per_input(rele
     ``check``, the ``fix --select ...`` its finding hints, the ``fix --apply`` the plan hints, the
     ``fix --status`` ``--apply`` hints, ``check``, ``run``; sglang installed (on ``PYTHONPATH``, with
     its dist-info, so ``--apply`` records beside it, on that path). Two inputs reach the live probes:
-    the installed code, and the code with the recorded fixes in place (``check`` after ``--apply``
-    judges with them); each runs once, counted by the progress line of each live child's import."""
+    the installed code, and the code with the recorded fixes in place (``--status`` proves them with
+    it, ``check`` after ``--apply`` judges with them); each runs once, counted by the progress line
+    of each live child's import."""
     wheel = release("0.5.12")
     installed = overlay_tree(wheel, tmp_path)
     for dist_info in wheel.glob("sglang-*.dist-info"):
@@ -110,9 +111,9 @@ def test_the_readme_flow_through_the_cli_runs_the_live_depth_once_per_input(rele
     status = npudoctor(*hinted(applied, "fix --status", lead="check it: "))
     npudoctor("check", *deployment)
     npudoctor("run", *deployment, "--", sys.executable, "-c", "pass")
-    # before --apply: the installed code, once; after it: the code with the fix, once (by --status
-    # or check), and run plans from the installed code's verdicts, kept
-    assert imports[:3] == [1, 0, 0] and sorted(imports[3:]) == [0, 0, 1], (
+    # the installed code once, by the first check; the code with the fix once, by --status, whose
+    # proof it is; check judges with the fix from it, and run plans from the installed code's verdicts
+    assert imports == [1, 0, 0, 1, 0, 0], (
         f"live imports of check, fix, fix --apply, fix --status, check, run: {imports}"
     )
-    assert "in place" in status
+    assert "in place" in status and "judged with it:" in status, status
