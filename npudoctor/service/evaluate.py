@@ -6,8 +6,9 @@ a deployment gets the same answer whichever command asks. At ``auto`` and ``live
 live probes run in one child (``npudoctor.live.child_process``), and only for the checks whose scope the
 deployment is in: a deployment no check applies to starts no child at all. A live outcome is kept
 in the result cache (``npudoctor.target.resultcache``) under the tree, the deployment, npudoctor's code
-and the Python environment: the README's flow (``check``, ``fix``, ``fix --apply``, ``--status``,
-``run``) runs the live depth once.
+and the Python environment, and each run probes every check in the deployment's scope
+(``live_checks``): the README's flow (``check``, ``fix``, ``fix --apply``, ``--status``, ``run``)
+runs the live depth once per input (the installed code; the code with the recorded fixes).
 """
 
 from __future__ import annotations
