@@ -94,7 +94,8 @@ def fix(
     document = operations.recorded(setting) if status else None
     planned = operations.plan_fixes(request, setting.target, setting.facts, unsafe, quiet)
     if status:
-        _show_status(operations.status(setting, document, planned, unsafe), setting, unsafe, as_json)
+        judged = operations.judged_with_record(setting, planned, quiet) if document is not None else None
+        _show_status(operations.status(setting, document, planned, unsafe, judged), setting, unsafe, as_json)
     elif apply:
         _show_applied(operations.apply(setting, planned, unsafe), planned, setting, unsafe, as_json)
     else:

@@ -44,6 +44,7 @@ def run(
     ] = False,
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
+    from npudoctor.patching import activation
     from npudoctor.service import operations, planning
     from npudoctor.target.discovery import discover
 
@@ -55,6 +56,9 @@ def run(
     use_python(python)
     request = deployment.check_request(depth, select=select)
     facts = operations.run_deployment(request)
+    if activation.disabled():  # no process would apply a fix: nothing to plan, nothing to claim
+        output.say(f"{activation.KILL_SWITCH} is set: fixes are disabled, the command runs without any")
+        raise typer.Exit(planning.run_command(command, None))
     try:
         target = discover()
     except NoTargetError:

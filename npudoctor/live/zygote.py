@@ -463,6 +463,7 @@ class _PooledRun:
 
 
 if __name__ == "__main__":
+    from npudoctor.live.child_process import exit_now
     from npudoctor.live.zygote import _zygote as zygote
 
-    sys.exit(zygote())
+    exit_now(zygote())  # its children reaped, it has nothing left to do: no teardown

@@ -6,8 +6,9 @@ a deployment gets the same answer whichever command asks. At ``auto`` and ``live
 live probes run in one child (``npudoctor.live.child_process``), and only for the checks whose scope the
 deployment is in: a deployment no check applies to starts no child at all. A live outcome is kept
 in the result cache (``npudoctor.target.resultcache``) under the tree, the deployment, npudoctor's code
-and the Python environment: the README's flow (``check``, ``fix``, ``fix --apply``, ``--status``,
-``run``) runs the live depth once.
+and the Python environment, and each run probes every check in the deployment's scope
+(``live_checks``): the README's flow (``check``, ``fix``, ``fix --apply``, ``--status``, ``run``)
+runs the live depth once per input (the installed code; the code with the recorded fixes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from npudoctor.deployment.facts import Facts
-from npudoctor.engine.check import Check, LiveOutcome, collector_paused, run_checks, static_probes
+from npudoctor.engine.check import (
+    Check,
+    LiveOutcome,
+    all_checks,
+    collector_paused,
+    run_checks,
+    static_probes,
+)
 from npudoctor.live import child_process
 from npudoctor.live.sealing import CAUSED_BY_HOST
 from npudoctor.results import Result
@@ -37,10 +45,18 @@ class Evaluation:
 
 
 def live_checks(checks: list[Check], facts: Facts, depth: str) -> list[Check]:
-    """The checks whose live probe a run at ``depth`` starts for this deployment."""
+    """The checks whose live probe a run at ``depth`` starts for this deployment: when any of
+    ``checks`` has one, every registered check's in the deployment's scope, not only the selected
+    ones'. One live run of a deployment then answers every command that asks about it (``check``,
+    ``fix --select NPD001`` as ``check`` hints it, ``fix --status``, ``run``) from one cache entry,
+    with the verdicts ``check`` gives; a probe costs well under a second beside the import of sglang."""
     if depth == "static":
         return []
-    return [c for c in checks if c.has_live and c.out_of_scope(facts) is None]
+    selected = [c for c in checks if c.has_live and c.out_of_scope(facts) is None]
+    if not selected:
+        return []
+    registered = [c for c in all_checks() if c.has_live and c.out_of_scope(facts) is None]
+    return list({c.id: c for c in registered + selected}.values())
 
 
 def evaluate(
@@ -72,10 +88,24 @@ def evaluate(
             _keep_outcome(outcome, target, facts, probed, fixes)
         else:
             outcome = LiveOutcome(unavailable=NO_LIVE_PROBE_APPLIES)
+        outcome = _for_checks(outcome, {c.id for c in checks})
         outcome.fixes.update(declined or {})
     with collector_paused():
         results = run_checks(checks, target, facts, depth, on_done, outcome, statics)
     return Evaluation(results, outcome)
+
+
+def _for_checks(outcome: LiveOutcome, ids: set[str]) -> LiveOutcome:
+    """The part of a live run's ``outcome`` about the checks ``ids`` (the run probed every check in
+    the deployment's scope, ``live_checks``): the report of a selection names only what it selected."""
+    return dataclasses.replace(
+        outcome,
+        probes={i: p for i, p in outcome.probes.items() if i in ids},
+        errors={i: e for i, e in outcome.errors.items() if i in ids},
+        not_run={i: why for i, why in outcome.not_run.items() if i in ids},
+        probe_seconds={i: t for i, t in outcome.probe_seconds.items() if i in ids},
+        fixes=dict(outcome.fixes),
+    )
 
 
 # The environment variables a live child inherits that can change what the probed code does (sglang's

@@ -145,16 +145,54 @@ class RecordStatus:
         return {**data, "next": self.next_command} if self.outdated else data
 
 
+def judged_with_record(setting: FixSetting, planned: list[planning.Planned], quiet: bool) -> dict:
+    """``fix --status``'s proof: the checks of the fixes recorded where ``check`` looks for them
+    (``planning.recorded_fixes``), judged with those fixes in place, by id; empty when ``check`` would
+    judge none (nothing recorded there, a record sglang would not load, ``--depth static``). The
+    live run is the one ``check`` after ``--apply`` makes (the result cache keeps it for that check)."""
+    from npudoctor.service.evaluate import evaluate
+    from npudoctor.service.progress import Progress
+    from npudoctor.service.runner import live_steps
+
+    depth = setting.request.depth
+    recorded = planning.recorded_fixes(setting.target, depth)
+    if (
+        recorded is None
+        or not recorded.plan
+        or recorded.record.parent.resolve() != record_dir(setting).resolve()
+    ):
+        return {}
+    checks = [p.fix.check for p in planned if p.fix.id in recorded.plan]
+    if not checks:
+        return {}
+    with Progress.for_stderr(quiet) as progress:
+        progress.step(f"live probes with the recorded fix(es) {', '.join(recorded.plan)}")
+        results = evaluate(
+            checks,
+            setting.target,
+            setting.facts,
+            depth,
+            fixes=recorded.plan,
+            on_step=live_steps(progress.step, setting.target),
+        ).results
+    return {result.id: result for result in results}
+
+
 def status(
-    setting: FixSetting, document: dict | None, planned: list[planning.Planned], unsafe: bool = False
+    setting: FixSetting,
+    document: dict | None,
+    planned: list[planning.Planned],
+    unsafe: bool = False,
+    judged: dict | None = None,
 ) -> RecordStatus:
     """Whether ``document`` (None: nothing is recorded) still fits the installed sglang, and whether
     the deployment still needs it and needs nothing more (the decisions ``planned`` that ``fix``
     makes now); if not, the ``fix --apply`` (or ``--revert``) that makes it fit, with the user's
-    options. With nothing recorded it fits only when no fix is needed."""
+    options. With nothing recorded it fits only when no fix is needed. ``judged``
+    (``judged_with_record``): the verdicts with the record in place, said beside each fix in place."""
     where = record_dir(setting)
     not_loaded = planning.record_not_loaded(setting.target, where) if document is not None else None
-    rows = planning.status(document or {"fixes": {}}, setting.target, planned, not_loaded)
+    rows = planning.status(document or {"fixes": {}}, setting.target, planned, not_loaded, judged)
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     if needed:
         command = apply_hint(setting, unsafe, needed)

@@ -295,14 +295,21 @@ class SiteStatus:
 
 
 def status(
-    document: dict, target: Target, planned: list[Planned], not_loaded: str | None = None
+    document: dict,
+    target: Target,
+    planned: list[Planned],
+    not_loaded: str | None = None,
+    judged: Mapping[str, Result] | None = None,
 ) -> list[SiteStatus]:
     """Whether each recorded fix still matches the installed code (sglang may have changed since)
     and whether the deployment still needs it, and which fix it needs now that is not recorded
     (an upgrade can bring a new defect): ``planned`` holds ``plan``'s decisions for every fix.
     ``not_loaded`` (``record_not_loaded``): why sglang's processes will not apply the record; a fix
-    that would be in place is then "not applied"."""
+    that would be in place is then "not applied". ``judged`` (``operations.judged_with_record``): each
+    recorded fix's check with the record in place, as ``check`` judges it after ``--apply``; a fix in
+    place says its verdict, the proof that it cures the deployment."""
     decided = {p.fix.id: p for p in planned}
+    judged = judged or {}
     found = []
     for p in planned:
         if p.decision.action is Action.APPLY and p.fix.id not in document["fixes"]:
@@ -331,6 +338,11 @@ def status(
             )
             if decision.action is Action.REFUSED:
                 detail += f"; `npudoctor fix` would not apply it now: {decision.reason}"
+            if fix_id in judged:
+                verdict = judged[fix_id]
+                detail += f"; judged with it: {fix_id} {verdict.status.value}" + (
+                    "" if verdict.status is Status.PASS else f" ({verdict.summary})"
+                )
             found.append(SiteStatus(fix_id, "in place" if not_loaded is None else "not applied", detail))
     return found
 
@@ -434,21 +446,23 @@ def recorded_fixes(target: Target, depth: str, use: bool = True) -> RecordedFixe
     return RecordedFixes(path, plan, tuple(verified), not_used)
 
 
-def run_command(command: list[str], document: dict) -> int:
+def run_command(command: list[str], document: dict | None) -> int:
     """Run ``command`` with the bootstrap on ``PYTHONPATH``; returns its exit code.
 
     Every Python interpreter the command starts (sglang's spawned schedulers included)
     imports the bootstrap's ``sitecustomize``, which enables ``document``'s fixes. The plan
-    file lives in a temporary directory for the duration of the command.
+    file lives in a temporary directory for the duration of the command. ``document`` None
+    (``NPUDOCTOR_DISABLE_FIXES``): the command runs as given, with no bootstrap.
     """
     executable = resolve_command(command)
     workdir = Path(tempfile.mkdtemp(prefix="npudoctor-run-"))
     try:
-        plan_path = workdir / "plan.json"
-        plan_path.write_text(json.dumps(document), encoding="utf-8")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
-        env[activation.RUN_PLAN] = str(plan_path)
+        if document is not None:
+            plan_path = workdir / "plan.json"
+            plan_path.write_text(json.dumps(document), encoding="utf-8")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+            env[activation.RUN_PLAN] = str(plan_path)
         try:
             child = subprocess.Popen([executable, *command[1:]], env=env)
         except OSError as error:

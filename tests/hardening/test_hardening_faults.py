@@ -502,9 +502,12 @@ def test_run_passes_the_command_exit_code_through_with_the_kill_switch(release):
     env = {**os.environ, "PYTHONPATH": str(release("0.5.12")), "NPUDOCTOR_DISABLE_FIXES": "1"}
     command = [sys.executable, "-m", "npudoctor", "run", "--config", str(DEEPSEEK_32_PD), "--"]
     child = [sys.executable, "-c", "import sys; print('served'); sys.exit(5)"]
-    done = subprocess.run([*command, *child], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([*command, *child], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 5 and done.stdout == "served\n", done.stderr
     assert "Traceback" not in done.stderr
+    # it says the fixes are off, and neither plans (a live run) nor claims any
+    assert "NPUDOCTOR_DISABLE_FIXES is set: fixes are disabled" in done.stderr, done.stderr
+    assert "applying" not in done.stderr and "planning" not in done.stderr, done.stderr
 
 
 # -- the live child crashing --------------------------------------------------------------------

@@ -5,12 +5,18 @@ the outcome depends on (the deployment, the fixes enabled, the environment) is a
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 
 from npudoctor.live import child_process
 
 from support.repo import EXAMPLES
+from support.trees import overlay_tree
 
 DEPLOYMENT = EXAMPLES / "qwen3-moe-pd.yaml"
 
@@ -61,3 +67,53 @@ def test_what_the_outcome_depends_on_is_a_new_run(cli, release, live_starts, mon
     monkeypatch.setenv("NPUDOCTOR_NO_CACHE", "1")
     cli("check", *common, "--config", DEPLOYMENT, "--isolated")
     assert len(live_starts) == 4
+
+
+LIVE_IMPORT = "live probes: importing sglang"  # the progress line each live child's import prints
+
+
+@pytest.mark.slow
+def test_the_readme_flow_through_the_cli_runs_the_live_depth_once_per_input(release, tmp_path):
+    """The README's flow on one unchanged deployment, each command as the one before printed it:
+    ``check``, the ``fix --select ...`` its finding hints, the ``fix --apply`` the plan hints, the
+    ``fix --status`` ``--apply`` hints, ``check``, ``run``; sglang installed (on ``PYTHONPATH``, with
+    its dist-info, so ``--apply`` records beside it, on that path). Two inputs reach the live probes:
+    the installed code, and the code with the recorded fixes in place (``--status`` proves them with
+    it, ``check`` after ``--apply`` judges with them); each runs once, counted by the progress line
+    of each live child's import."""
+    wheel = release("0.5.12")
+    installed = overlay_tree(wheel, tmp_path)
+    for dist_info in wheel.glob("sglang-*.dist-info"):
+        shutil.copytree(dist_info, installed / dist_info.name)
+    env = {**os.environ, "PYTHONPATH": str(installed), "NPUDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    deployment = ["--config", str(EXAMPLES / "deepseek-v3-pd.yaml")]
+    imports = []
+
+    def npudoctor(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "npudoctor", *args],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800,
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+        imports.append(done.stderr.count(LIVE_IMPORT))
+        return done.stdout
+
+    def hinted(text: str, command: str, lead: str = "") -> list[str]:
+        """The first ``npudoctor COMMAND ...`` printed after ``lead`` on a line of ``text``, as a
+        shell reads it (without the word ``npudoctor``)."""
+        start = f"{lead}npudoctor {command}"
+        line = next(line.strip() for line in text.splitlines() if line.strip().startswith(start))
+        return shlex.split(line[len(lead) :])[1:]
+
+    report = npudoctor("check", *deployment)
+    plan = npudoctor(*hinted(report, "fix --select", lead="fix: "))
+    applied = npudoctor(*hinted(plan, "fix --apply"))
+    status = npudoctor(*hinted(applied, "fix --status", lead="check it: "))
+    npudoctor("check", *deployment)
+    npudoctor("run", *deployment, "--", sys.executable, "-c", "pass")
+    # the installed code once, by the first check; the code with the fix once, by --status, whose
+    # proof it is; check judges with the fix from it, and run plans from the installed code's verdicts
+    assert imports == [1, 0, 0, 1, 0, 0], (
+        f"live imports of check, fix, fix --apply, fix --status, check, run: {imports}"
+    )
+    assert "in place" in status and "judged with it:" in status, status
