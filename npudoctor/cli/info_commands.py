@@ -125,7 +125,9 @@ def env_command(
         toolenv.prepare(output.say)
         return
     output.require_stdout()
-    data = inventory()
+    from npudoctor.live import toolenv
+
+    data = inventory(toolenv.describe())
     if output_format is DataFormat.json:
         output.write(json.dumps(data, indent=2) + "\n")
         return

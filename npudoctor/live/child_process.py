@@ -38,7 +38,7 @@ from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, LiveOutcome, Probe
 from npudoctor.live import toolenv
 from npudoctor.results import Status
-from npudoctor.target import hostinfo
+from npudoctor.target import pythonenv
 from npudoctor.target.discovery import Target
 
 # A live run imports a few hundred sglang modules; on a 2-core CI machine that is ~10 s.
@@ -379,7 +379,7 @@ def _required_here() -> str | None:
     Never an install command: this interpreter may be the one sglang serves from."""
     from npudoctor.live import standins
 
-    required = sorted(standins.missing_packages() & set(hostinfo.live_requirements()))
+    required = sorted(standins.missing_packages() & set(pythonenv.live_requirements()))
     if not required:
         return None
     return f"npudoctor's live requirements not installed for {sys.executable}: {', '.join(required)}"

@@ -1,7 +1,7 @@
 """Which interpreter the live depth runs in, and npudoctor's own live environment.
 
 The live depth imports the checked sglang's modules, and needs torch and numpy for it
-(``hostinfo.LIVE_NEEDS``). npudoctor never asks a user to install anything into the environment
+(``pythonenv.LIVE_NEEDS``). npudoctor never asks a user to install anything into the environment
 sglang serves from: a CPU torch pinned over the one sglang and torch_npu need would break the
 image. So the live interpreter is
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from npudoctor.errors import ExitCode, NpudoctorError
-from npudoctor.target import hostinfo, pythonenv, resultcache
+from npudoctor.target import pythonenv, resultcache
 
 FOLDER = "live-env"  # in npudoctor's cache directory (``resultcache.cache_dir``)
 MARKER = "npudoctor-live-env.json"  # written last, before the rename: the venv is complete
@@ -161,7 +161,7 @@ def prepare_command() -> str:
 def select() -> LiveInterpreter | NoLiveInterpreter:
     """The interpreter the live depth runs in (see the module's docstring), or why there is none."""
     checked = pythonenv.checked()
-    readiness = hostinfo.live_readiness()
+    readiness = pythonenv.live_readiness()
     if readiness.runs:
         last = () if checked.is_npudoctors else _unique(pythonenv.own().package_folders())
         return LiveInterpreter(checked.executable, last, "host")
@@ -184,8 +184,8 @@ def _unique(folders: list[str]) -> tuple[str, ...]:
 
 def _requirement_files(requirements: Path | None, constraints: Path | None) -> tuple[Path, Path]:
     return (
-        requirements or hostinfo.live_data_file(hostinfo.LIVE_REQUIREMENTS),
-        constraints or hostinfo.live_data_file(hostinfo.LIVE_CONSTRAINTS),
+        requirements or pythonenv.live_data_file(pythonenv.LIVE_REQUIREMENTS),
+        constraints or pythonenv.live_data_file(pythonenv.LIVE_CONSTRAINTS),
     )
 
 
@@ -316,3 +316,22 @@ def _remove_partials(root: Path, name: str) -> None:
                 and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
             ):
                 shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def describe() -> dict:
+    """Whether the live depth runs, in which interpreter (the checked environment's, or npudoctor's
+    own live environment), and the command that prepares that environment."""
+    readiness = pythonenv.live_readiness()
+    chosen = select()
+    environment = location()
+    ran = isinstance(chosen, LiveInterpreter)
+    return {
+        "runs": ran,
+        "interpreter": chosen.python if ran else None,
+        "uses": chosen.where if ran else None,
+        "missing": list(readiness.missing) if not ran or chosen.where == "host" else [],
+        "reason": chosen.reason if not ran else readiness.reason() if chosen.where == "host" else None,
+        "live-env": str(environment),
+        "live-env-state": state(environment) or "ready",
+        "prepare": prepare_command(),
+    }

@@ -13,8 +13,11 @@ runs the live depth once per input (the installed code; the code with the record
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,10 +30,11 @@ from npudoctor.engine.check import (
     run_checks,
     static_probes,
 )
-from npudoctor.live import child_process
+from npudoctor.live import child_process, toolenv
 from npudoctor.live.sealing import CAUSED_BY_HOST
+from npudoctor.patching.records import DIST_INFO
 from npudoctor.results import Result
-from npudoctor.target import resultcache
+from npudoctor.target import pythonenv, resultcache
 from npudoctor.target.discovery import Target
 
 NO_LIVE_PROBE_APPLIES = (
@@ -142,7 +146,7 @@ def _live_key(facts: Facts, probed: list[Check], fixes: dict[str, dict[str, str]
         " ".join(sorted(c.id for c in probed)),
         repr(sorted((fixes or {}).items())),
         repr(env),
-        resultcache.installed_fingerprint(),
+        environment_fingerprint(),
     )
 
 
@@ -189,3 +193,33 @@ def reuse(
         outcome.fixes.update(declined or {})
     with collector_paused():
         return Evaluation(run_checks(checks, target, facts, depth, None, outcome), outcome)
+
+
+def environment_fingerprint() -> str:
+    """The Python environments the live child imports from: this process's (the interpreter,
+    ``sys.path``), the live interpreter ``npudoctor.live.toolenv`` chose (``--python``'s or
+    npudoctor's own live environment) with the folders it adds, and the distributions installed on
+    each path (their ``*.dist-info`` names carry the versions). The live depth's answer depends on
+    them (torch's version, which modules stand in), not only on the tree: an install or upgrade
+    beside sglang is a new key. One directory listing per path entry.
+
+    The record ``fix --apply`` writes beside sglang (``npudoctor.patching.records``) is left out:
+    the live child loads no sglang plugin, so the record changes nothing it observes (the fixes it
+    runs with are a key of their own), and ``fix --status`` and ``run`` right after ``--apply``
+    reuse the run ``check`` and ``fix`` made."""
+
+    chosen = toolenv.select()
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode("utf-8", "surrogateescape"))
+    if isinstance(chosen, toolenv.LiveInterpreter):
+        digest.update(f"\0{chosen.key()}".encode())
+    named = pythonenv.named()
+    for entry in [*sys.path, *(named.path if named else ())]:
+        digest.update(f"\0{entry}\n".encode("utf-8", "surrogateescape"))
+        with contextlib.suppress(OSError), os.scandir(entry or ".") as entries:
+            names = sorted(
+                e.name
+                for e in entries
+                if e.name.endswith((".dist-info", ".egg-info", ".pth")) and e.name != DIST_INFO
+            )
+            digest.update("\n".join(names).encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()

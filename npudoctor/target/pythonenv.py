@@ -19,16 +19,112 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from npudoctor.errors import InputError
 
 _TIMEOUT_SECONDS = 60  # a generous guard: a cold interpreter on a busy host starts in seconds
 _MAX_ANSWER = 1024 * 1024
+
+# The live depth's CPU dependency set, shipped inside npudoctor (package data): what npudoctor's
+# own live environment is made from (``npudoctor.live.toolenv``), wherever npudoctor is installed.
+LIVE_REQUIREMENTS = "requirements-live.txt"
+LIVE_CONSTRAINTS = "constraints-live.txt"
+# Requirements whose import name is not the distribution's name.
+_IMPORT_NAMES = {"pillow": "PIL", "pyzmq": "zmq", "apache-tvm-ffi": "tvm_ffi"}
+# Without these no live probe runs: npudoctor's live helpers build sglang's tensors with torch and
+# their page indices with numpy. Any other requirement this host lacks is stood in where a release
+# imports it (npudoctor.live.standins), and the report names it.
+LIVE_NEEDS = ("torch", "numpy")
+
+
+@dataclass(frozen=True)
+class LiveReadiness:
+    """Which modules of the live depth's requirements the checked environment lacks."""
+
+    missing: tuple[str, ...]  # import names, in the requirements' order
+    python: str  # the checked environment's interpreter
+
+    @property
+    def runs(self) -> bool:
+        """Whether the live depth can run in the checked environment's own interpreter (it needs
+        ``LIVE_NEEDS``; the rest is stood in). When it cannot, npudoctor's own live environment may
+        (``npudoctor.live.toolenv``)."""
+        return not set(LIVE_NEEDS) & set(self.missing)
+
+    def reason(self, blocking_only: bool = False) -> str | None:
+        """One line: what is missing (of ``LIVE_NEEDS`` only, ``blocking_only``), and where (None
+        when nothing is). Never an install command: the checked environment is the one sglang
+        serves from."""
+        if not self.missing:
+            return None
+        blocking = [m for m in self.missing if m in LIVE_NEEDS]
+        others = [] if blocking_only and blocking else [m for m in self.missing if m not in LIVE_NEEDS]
+        first, *rest = blocking + others
+        nor = f" (nor {', '.join(rest)})" if rest else ""
+        return f"{first} is not installed for {self.python}{nor}"
+
+
+def live_data_file(name: str) -> Path:
+    """A file of npudoctor's package data (``npudoctor/data/``), where this npudoctor is installed."""
+    return Path(__file__).resolve().parents[1] / "data" / name
+
+
+def live_requirements() -> list[str]:
+    """The import names of the live depth's requirements (``requirements-live.txt``), in order."""
+    try:
+        lines = live_data_file(LIVE_REQUIREMENTS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return list(LIVE_NEEDS)
+    names: list[str] = []
+    for line in lines:
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
+        if found:
+            name = _IMPORT_NAMES.get(found.group(1).lower(), found.group(1).replace("-", "_"))
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def live_readiness() -> LiveReadiness:
+    """The live depth's requirements the checked environment (``npudoctor.target.pythonenv``:
+    this interpreter's, or ``--python``'s) lacks, found without importing them."""
+    environment = checked()
+    return LiveReadiness(
+        tuple(name for name in live_requirements() if name not in environment.findable),
+        environment.executable,
+    )
+
+
+def findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def installed_sglang() -> tuple[str, str | None] | None:
+    """The installed ``sglang`` package folder of this interpreter and its version (None: none)."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return next(iter(spec.submodule_search_locations)), version
+
 
 # Run by the named interpreter (``-I -c``) with the import names to look for as its arguments; the
 # standard library only, and nothing it finds is imported. Python 3.8+ syntax: a Python too old
@@ -114,8 +210,6 @@ def own() -> PythonEnvironment:
 def _this_interpreter(names: tuple[str, ...]) -> PythonEnvironment:
     import sysconfig
 
-    from npudoctor.target.hostinfo import findable, installed_sglang
-
     paths = sysconfig.get_paths()
     return PythonEnvironment(
         executable=sys.executable,
@@ -183,8 +277,6 @@ def use_python(python: str | os.PathLike | None) -> None:
     """Make the interpreter ``python`` (``--python``) the one whose environment this run checks
     (None: npudoctor's own again). Asked now, so a bad path is an error before any work."""
     global _named
-    from npudoctor.target.hostinfo import live_requirements
-
     _named = None if python is None else ask(os.fspath(python), tuple(live_requirements()))
 
 
@@ -192,8 +284,6 @@ def checked() -> PythonEnvironment:
     """The environment this run checks: ``--python``'s, else npudoctor's own interpreter's."""
     if _named is not None:
         return _named
-    from npudoctor.target.hostinfo import live_requirements
-
     return _this_interpreter(tuple(live_requirements()))
 
 

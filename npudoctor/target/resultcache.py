@@ -20,7 +20,7 @@ across releases saves almost nothing either. A cached probe costs one stat walk 
   its checks, and the Python version, so an upgrade or an edit of a check is a new cache.
 
 A live run's outcome (``npudoctor.service.evaluate``) is a function of the same three and of the
-Python environment the live child imports from (``installed_fingerprint``: torch's version, the
+Python environment the live child imports from (``npudoctor.service.evaluate.environment_fingerprint``: torch's version, the
 modules stood in), so it is kept under those four: ``check``, ``fix``, ``fix --apply``, ``fix
 --status`` and ``run`` of one deployment run the live depth once (each probes every check in the
 deployment's scope, whatever it selects: ``npudoctor.service.evaluate.live_checks``).
@@ -89,39 +89,6 @@ def keep(value: object, kind: str, tree: tuple[str, ...], *inputs: str) -> None:
     """Keep ``value`` as the answer ``lookup`` gives for the same ``kind``, tree and ``inputs``."""
     if enabled() and PrivateStore(cache_dir()).save(value, *_place(kind, tree, inputs)):
         _prune()
-
-
-def installed_fingerprint() -> str:
-    """The Python environments the live child imports from: this process's (the interpreter,
-    ``sys.path``), the live interpreter ``npudoctor.live.toolenv`` chose (``--python``'s or
-    npudoctor's own live environment) with the folders it adds, and the distributions installed on
-    each path (their ``*.dist-info`` names carry the versions). The live depth's answer depends on
-    them (torch's version, which modules stand in), not only on the tree: an install or upgrade
-    beside sglang is a new key. One directory listing per path entry.
-
-    The record ``fix --apply`` writes beside sglang (``npudoctor.patching.records``) is left out:
-    the live child loads no sglang plugin, so the record changes nothing it observes (the fixes it
-    runs with are a key of their own), and ``fix --status`` and ``run`` right after ``--apply``
-    reuse the run ``check`` and ``fix`` made."""
-    from npudoctor.live import toolenv
-    from npudoctor.patching.records import DIST_INFO
-    from npudoctor.target import pythonenv
-
-    chosen = toolenv.select()
-    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode("utf-8", "surrogateescape"))
-    if isinstance(chosen, toolenv.LiveInterpreter):
-        digest.update(f"\0{chosen.key()}".encode())
-    named = pythonenv.named()
-    for entry in [*sys.path, *(named.path if named else ())]:
-        digest.update(f"\0{entry}\n".encode("utf-8", "surrogateescape"))
-        with contextlib.suppress(OSError), os.scandir(entry or ".") as entries:
-            names = sorted(
-                e.name
-                for e in entries
-                if e.name.endswith((".dist-info", ".egg-info", ".pth")) and e.name != DIST_INFO
-            )
-            digest.update("\n".join(names).encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
 
 
 def tree_fingerprint(package_dir: Path) -> str:
