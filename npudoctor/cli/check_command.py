@@ -14,7 +14,6 @@ from npudoctor.cli.options import (
     DEPLOYMENT_HELP,
     EXIT_CODES_HELP,
     Depth,
-    FailOn,
     FailOnOption,
     IgnoreOption,
     NoRecordedFixesOption,
@@ -51,7 +50,7 @@ def check(
     select: SelectOption = None,
     output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
     output_path: OutputOption = None,
-    fail_on: FailOnOption = FailOn.fail,
+    fail_on: FailOnOption = None,
     ignore: IgnoreOption = None,
     with_fix: Annotated[
         list[str] | None,

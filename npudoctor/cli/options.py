@@ -39,11 +39,6 @@ class DataFormat(str, Enum):
     json = "json"
 
 
-class FailOn(str, Enum):
-    fail = "fail"
-    warn = "warn"
-
-
 # Options `fix` and `run` share.
 FixSelection = Annotated[
     list[str] | None,
@@ -83,7 +78,17 @@ SelectOption = Annotated[
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report here, not stdout.")
 ]
-FailOnOption = Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")]
+FailOnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fail-on",
+        metavar="WORD[,WORD]",
+        help="What counts (default: fail, or the deployment YAML's fail_on): 'fail' or 'warn', the lowest "
+        "status that is a finding; and an impact whose findings fail too. Crashes "
+        "(startup-crash, runtime-crash) and silent-wrong-output fail; leak and performance findings "
+        "warn unless named (--fail-on leak, --fail-on leak,performance).",
+    ),
+]
 IgnoreOption = Annotated[
     list[str] | None,
     typer.Option(

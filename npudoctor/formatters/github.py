@@ -76,6 +76,8 @@ def _message(result: Result, user: UserOptions) -> str:
     if result.ignored is not None:
         lines.append(f"ignored ({result.status.value}): {result.ignored}")
     lines.append(result.summary)
+    if result.impact and result.status in (Status.FAIL, Status.WARN):
+        lines.append(f"impact: {result.impact}")
     if result.error:
         lines.append(f"error: {result.error}")
     for evidence in result.evidence:

@@ -46,6 +46,7 @@ def render(report: Report, user: UserOptions | None = None) -> str:
         ("sglang.path", report.target.path),
         ("sglang.source", report.target.source),
         ("fail_on", report.fail_on.value),
+        ("failing_impacts", ",".join(report.failing_impacts)),
     ):
         ET.SubElement(properties, "property", {"name": name, "value": clean(value)})
 
@@ -83,7 +84,8 @@ def testcase(suite: ET.Element, result: Result, user: UserOptions | None = None)
         child = ET.SubElement(case, "skipped", {"message": clean(f"ignored: {result.ignored}")})
         child.text = details
     elif result.status is Status.FAIL:
-        child = ET.SubElement(case, "failure", {"message": clean(result.summary), "type": "fail"})
+        kind = result.impact or "fail"  # what the defect does: startup-crash, silent-wrong-output, ...
+        child = ET.SubElement(case, "failure", {"message": clean(result.summary), "type": kind})
         child.text = details
     elif result.status is Status.ERROR:
         message = result.error or result.summary
@@ -98,6 +100,8 @@ def testcase(suite: ET.Element, result: Result, user: UserOptions | None = None)
 
 def _details(result: Result, user: UserOptions) -> str:
     lines = [f"{result.status.value.upper()}: {result.summary}"]
+    if result.impact and result.status in (Status.FAIL, Status.WARN):
+        lines.append(f"impact: {result.impact}")
     if result.ignored is not None:
         lines.append(f"ignored: {result.ignored}")
     if result.error:
