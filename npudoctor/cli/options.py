@@ -10,7 +10,7 @@ import typer
 
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
-0 no finding at or above --fail-on;
+0 no finding at or above --fail-on (leak and performance findings warn unless --fail-on names them);
 1 findings;
 2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
 3 internal error;
