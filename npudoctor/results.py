@@ -112,6 +112,13 @@ class Result:
     error: str | None = None  # the exception text, for status ERROR
     impact: str | None = None  # the check's ``Impact`` (None: not a defect, e.g. an expired ignore entry)
 
+    @property
+    def live_unavailable(self) -> bool:
+        """An ``error`` at the live depth: the check was asked at ``--depth live`` and the live depth
+        could not run it (``engine.check.verdict``), so nothing was judged. A probe that raised is an
+        ``error`` of the static depth with ``error`` set."""
+        return self.status is Status.ERROR and self.depth is Depth.LIVE and self.error is None
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
@@ -182,6 +189,12 @@ class Report:
     def findings(self) -> list[Result]:
         """Results at or above ``fail_on`` that no ignore entry covers."""
         return [r for r in self.results if r.ignored is None and r.status.severity >= self.fail_on.severity]
+
+    def unchecked(self) -> list[Result]:
+        """The findings that are checks the live depth could not run (``Result.live_unavailable``).
+        When every finding is one, ``check`` exits 5, not 1: a missing install is not a defect; a
+        defect found beside them still exits 1, so a gate never passes one for an install problem."""
+        return [r for r in self.findings() if r.live_unavailable]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -15,6 +15,7 @@ Exit codes (stable, never renumbered):
 2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
 3 internal error;
 4 nothing to check (no sglang found);
+5 could not check as asked: --depth live and the live depth is unavailable (no other finding);
 130 interrupted (Ctrl-C: one line on stderr, no report); 143 and 129 the same for SIGTERM and SIGHUP.
 """
 

@@ -38,7 +38,7 @@ DEPLOYMENTS = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 SYNTHETIC = sorted(TRUTH.get("synthetic", {}))
 STATES = [*RELEASES, *SYNTHETIC]
 STATUS_OF = {"present": "fail", "absent": "pass"}  # a truth's verdict -> the check's status
-EXIT_CODES = {0, 1, 2, 3, 4}  # README "Exit codes"
+EXIT_CODES = {0, 1, 2, 3, 4, 5}  # README "Exit codes"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -565,7 +565,7 @@ def test_github_gate_distinguishes_every_exit_code(tmp_path, code):
     _, job = _github_job()
     gate = next(s for s in job["steps"] if s.get("id") == "gate")
     result = _bash(gate["run"], tmp_path, _tool_env(NPUDOCTOR_EXIT=str(code)), "-eo pipefail")
-    expected = {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4}.get(str(code), 1)
+    expected = {"0": 0, "1": 1, "2": 2, "3": 3, "4": 4, "5": 5}.get(str(code), 1)
     assert result.returncode == expected, result.stdout
     messages = {
         "0": "no finding",
@@ -573,6 +573,7 @@ def test_github_gate_distinguishes_every_exit_code(tmp_path, code):
         "2": "usage or input error",
         "3": "internal error",
         "4": "no sglang installed",
+        "5": "the live depth is unavailable",
     }
     assert messages.get(str(code), "did not run") in result.stdout
     if expected:

@@ -11,6 +11,8 @@ on the real wheels through the CLI."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -21,8 +23,9 @@ from npudoctor.engine.catalog import CatalogRecord, all_records
 from npudoctor.engine.check import all_checks
 from npudoctor.results import Impact
 
-from support.repo import REPO
-from support.reports import result_of
+from support.notorch import WITHOUT_TORCH
+from support.repo import EXAMPLES, REPO
+from support.reports import result_of, without_progress
 
 TRUTHS = Path(__file__).resolve().parents[1] / "data" / "catalog"
 LEAK, HANG = "NPC134", "NPC072"
@@ -155,3 +158,39 @@ def test_a_record_without_an_impact_is_refused():
     del data["impact"]
     with pytest.raises(ValueError, match="impact must be one of"):
         CatalogRecord(data, "test")
+
+
+# -- exit 5: --depth live where the live depth is unavailable (issue 34, item 6) ---------------------
+
+DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
+
+
+def _without_torch(tmp_path: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *map(str, args)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)  # fmt: skip
+
+
+def test_depth_live_without_a_live_depth_exits_5_not_1(release, tmp_path):
+    """torch missing: every check the live depth was asked for could not run. Not a defect (1), not a
+    pass (0): 5, with one line saying why; the report is still written."""
+    done = _without_torch(tmp_path, "check", "--depth", "live", "--select", "NPD", "-f", "json",
+                          "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD)  # fmt: skip
+    assert done.returncode == 5, done.stderr
+    report = json.loads(done.stdout)
+    assert report["live"]["ran"] is False
+    findings = [r for r in report["results"] if r["status"] in ("fail", "error")]
+    assert findings and all((r["status"], r["depth"]) == ("error", "live") for r in findings)
+    (line,) = [line for line in without_progress(done.stderr).splitlines() if line.strip()]
+    assert line.startswith("npudoctor: could not check as asked: the live depth is unavailable")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_defect_beside_the_unavailable_live_depth_still_exits_1(release, tmp_path):
+    """The catalog's records read the source at every depth: a crash they find is a finding (1), so a
+    gate that treats 5 as an install problem never passes a defect."""
+    done = _without_torch(tmp_path, "check", "--depth", "live", "-f", "json", "--sglang-path",
+                          release("0.5.12"), "--config", DEEPSEEK_PD)  # fmt: skip
+    report = json.loads(done.stdout)
+    real = [r["id"] for r in report["results"] if r["status"] == "fail"]
+    assert real, "the deployment has a catalogued crash on 0.5.12"
+    assert done.returncode == 1, done.stderr
