@@ -19,7 +19,7 @@ import os
 
 from npudoctor.formatters import markdown
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
@@ -85,7 +85,7 @@ def _message(result: Result, user: UserOptions) -> str:
         lines.append(f"expected: {evidence.expected}; observed: {evidence.observed}{where}")
     fix = result.remediation
     if fix is not None and fix.fix_id:
-        lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
+        lines.append(f"fix: {fix_hint(fix.fix_id, user)}")
     return "\n".join(lines)
 
 

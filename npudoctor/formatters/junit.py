@@ -18,7 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 # Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:
@@ -115,7 +115,7 @@ def _details(result: Result, user: UserOptions) -> str:
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
+            lines.append(f"fix: {fix_hint(fix.fix_id, user)}")
         if fix.fixed_in:
             lines.append(f"fixed upstream in sglang {fix.fixed_in}")
         elif fix.unfixed_as_of:

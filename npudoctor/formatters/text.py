@@ -23,7 +23,7 @@ from rich.text import Text
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
@@ -193,7 +193,7 @@ def _details(result: Result, user: UserOptions, verbose: bool) -> list[Renderabl
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            command = hint("fix", "--select", fix.fix_id, user=user)
+            command = fix_hint(fix.fix_id, user)
             parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
         if fix.fixed_in:
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
