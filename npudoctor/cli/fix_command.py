@@ -107,8 +107,8 @@ def fix(
 def _exit_on_refusal(planned, setting) -> None:
     """A fix refused where its check fails leaves the defect in place: one line each on stderr (why,
     and for an unsafe fix the command with --unsafe), exit 1, never a silent 0."""
-    from npudoctor.service import operations
     from npudoctor.patching.fixbase import Safety
+    from npudoctor.service import operations
     from npudoctor.service.planning import refusals
 
     refused = refusals(planned)
