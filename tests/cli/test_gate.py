@@ -11,6 +11,8 @@ on the real wheels through the CLI."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -194,3 +196,100 @@ def test_a_defect_beside_the_unavailable_live_depth_still_exits_1(release, tmp_p
     real = [r["id"] for r in report["results"] if r["status"] == "fail"]
     assert real, "the deployment has a catalogued crash on 0.5.12"
     assert done.returncode == 1, done.stderr
+
+
+# -- hints that lead somewhere (issue 34, item 6) ------------------------------------------------------
+
+VENV_BIN = Path(sys.executable).parent  # the repo's npudoctor console script
+UNSAFE = {"NPD002": "qwen3-moe-pd-fia.yaml", "NPD003": "llama3-70b-pp3-pd.yaml"}  # 0.5.9 has both
+HINTED_FORMATS = ("text", "markdown", "github", "junit")
+
+
+def _pasted(command: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``command`` pasted into bash with the venv's npudoctor first on PATH, fix records in tmp_path."""
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "NPUDOCTOR_SITE": str(tmp_path),
+    }
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("fix_id", sorted(UNSAFE))
+def test_the_hint_for_an_unsafe_fix_names_unsafe_and_pasted_plans_it(cli, release, tmp_path, fix_id):
+    """The fix line under a finding whose fix is unsafe: pasted as printed, the plan marks the fix
+    apply and exits 0 (it used to print "refused" for the --unsafe it left out)."""
+    tree, config = release("0.5.9"), EXAMPLES / UNSAFE[fix_id]
+    for output_format in HINTED_FORMATS:
+        code, out, _ = cli("check", "--sglang-path", tree, "--config", config, "--select", fix_id,
+                           "-f", output_format)  # fmt: skip
+        assert code == 1
+        (line,) = {m.group(0) for m in re.finditer(r"npudoctor fix --select \S+[^\n`%<]*", out)}
+        assert "--unsafe" in line.split(), (output_format, line)
+    done = _pasted(line, tmp_path)
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in done.stdout.splitlines() if r.startswith(fix_id)]
+    assert row.split()[1] == "apply", done.stdout
+
+
+@pytest.mark.parametrize("apply", [False, True], ids=["plan", "apply"])
+def test_a_fix_refused_where_its_check_fails_exits_1_with_one_line(
+    cli, release, tmp_path, monkeypatch, apply
+):
+    monkeypatch.setenv("NPUDOCTOR_SITE", str(tmp_path))
+    args = [
+        "fix",
+        "--select",
+        "NPD002",
+        "--sglang-path",
+        release("0.5.9"),
+        "--config",
+        EXAMPLES / UNSAFE["NPD002"],
+    ]
+    code, _, err = cli(*args, *(["--apply"] if apply else []))
+    assert code == 1
+    (line,) = [line for line in without_progress(err).splitlines() if line.strip()]
+    assert line.startswith("npudoctor: refused NPD002: ") and "--unsafe" in line
+    pasted = line.split(": ")[-1]  # the command that applies it
+    assert pasted.startswith("npudoctor fix --apply --select NPD002 --unsafe"), pasted
+    assert _pasted(pasted, tmp_path).returncode == 0
+
+
+def _k8s_like(tmp_path: Path) -> Path:
+    """The shipped Kubernetes example's deployment before item 6: DeepSeek-V3 PD, prefill PP 2."""
+    model = tmp_path / "models" / "DeepSeek-V3"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text((EXAMPLES / "models" / "deepseek-v3" / "config.json").read_text())
+    spec = {
+        "model": {"path": str(model)},
+        "roles": {
+            "prefill": {"server_args": {"tp_size": 8, "pp_size": 2, "disaggregation_mode": "prefill",
+                                        "disaggregation_transfer_backend": "ascend"}},
+            "decode": {"server_args": {"tp_size": 16, "disaggregation_mode": "decode",
+                                       "disaggregation_transfer_backend": "ascend"}},
+        },
+    }  # fmt: skip
+    path = tmp_path / "deployment.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("apply", [False, True], ids=["plan", "apply"])
+def test_fix_lists_the_findings_no_fix_cures(cli, release, tmp_path, monkeypatch, apply):
+    """0.5.12 with prefill PP 2: NPD001 and NPD006 have fixes, NPC072 (the PP 2 deadlock) has none.
+    `fix` and `fix --apply` say so, with the release that fixes it and the workaround, and that the
+    gate stays red; the gate agrees."""
+    monkeypatch.setenv("NPUDOCTOR_SITE", str(tmp_path / "site"))
+    (tmp_path / "site").mkdir()
+    tree, deployment = release("0.5.12"), _k8s_like(tmp_path)
+    extra = ["--apply"] if apply else []
+    code, out, err = cli("fix", "--sglang-path", tree, "--config", deployment, "-f", "json", *extra)
+    assert code == 0, err
+    uncured = {u["id"]: u for u in json.loads(out)["uncured"]}
+    _, gate, _ = _check(cli, tree, deployment)
+    red = {r["id"] for r in gate["results"] if r["status"] == "fail" and r["id"].startswith("NPC")}
+    assert red and set(uncured) == red, (uncured, red)
+    assert uncured[HANG]["fixed_in"] and "workaround" in uncured[HANG]["advice"]
+    code, out, _ = cli("fix", "--sglang-path", tree, "--config", deployment, *extra)
+    flat = " ".join(out.split())
+    assert "no runtime fix cures" in flat and "stays red" in flat and HANG in flat
