@@ -21,6 +21,9 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     INTERNAL = 3
     NOTHING_TO_CHECK = 4
+    # could not check as asked: --depth live, and the live depth could not run (torch missing, the
+    # live run crashed or timed out, sglang does not import): not a defect, and not a pass
+    LIVE_UNAVAILABLE = 5
 
 
 class NpudoctorError(Exception):

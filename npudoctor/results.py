@@ -10,8 +10,8 @@ derive from.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
 SCHEMA_VERSION = "1"
 
@@ -31,6 +31,33 @@ class Status(str, enum.Enum):
 
 
 _SEVERITY = {Status.PASS: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
+
+
+class Impact(str, enum.Enum):
+    """What a defect does to a deployment it bites: every check and catalog record names one (its
+    worst consequence). The gate's severity: a finding of an impact in ``DEFAULT_FAILING`` is a
+    ``fail``; a leak or a performance loss is a ``warn`` unless ``--fail-on`` names its impact
+    (``Gate``), so a gate blocks a release that crashes or corrupts, not one that wastes memory."""
+
+    STARTUP_CRASH = "startup-crash"
+    RUNTIME_CRASH = "runtime-crash"
+    SILENT_WRONG_OUTPUT = "silent-wrong-output"
+    LEAK = "leak"
+    PERFORMANCE = "performance"
+
+    @property
+    def meaning(self) -> str:
+        return _MEANING[self]
+
+
+_MEANING = {
+    Impact.STARTUP_CRASH: "the server does not start",
+    Impact.RUNTIME_CRASH: "a crash or hang at run time",
+    Impact.SILENT_WRONG_OUTPUT: "silent wrong output or corrupted state, no error",
+    Impact.LEAK: "a resource leak",
+    Impact.PERFORMANCE: "a feature silently off or slow",
+}
+DEFAULT_FAILING = frozenset({Impact.STARTUP_CRASH, Impact.RUNTIME_CRASH, Impact.SILENT_WRONG_OUTPUT})
 
 
 class Depth(str, enum.Enum):
@@ -83,12 +110,58 @@ class Result:
     roles: tuple[str, ...] = ()
     ignored: str | None = None  # reason, when an ignore entry downgraded this result
     error: str | None = None  # the exception text, for status ERROR
+    impact: str | None = None  # the check's ``Impact`` (None: not a defect, e.g. an expired ignore entry)
+
+    @property
+    def live_unavailable(self) -> bool:
+        """An ``error`` at the live depth: the check was asked at ``--depth live`` and the live depth
+        could not run it (``engine.check.verdict``), so nothing was judged. A probe that raised is an
+        ``error`` of the static depth with ``error`` set."""
+        return self.status is Status.ERROR and self.depth is Depth.LIVE and self.error is None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
         data["depth"] = self.depth.value
         return data
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What counts against a deployment (``--fail-on``, or the deployment YAML's ``fail_on``): the
+    lowest status that is a finding (``fail`` or ``warn``), and the impacts whose findings are a
+    ``fail`` (the others a ``warn``). Its words, comma-separated: ``fail`` (the default) or ``warn``,
+    and any impact to fail on as well (``--fail-on leak``, ``--fail-on leak,performance``)."""
+
+    threshold: Status = Status.FAIL
+    failing: frozenset[Impact] = DEFAULT_FAILING
+
+    WORDS: ClassVar[tuple[str, ...]] = ("fail", "warn", *(i.value for i in Impact))
+
+    @classmethod
+    def parse(cls, text: str | None, where: str = "--fail-on") -> Gate:
+        """The gate of ``text`` (None: the default); ``ValueError`` names the word it does not know."""
+        words = [w.strip() for w in (text or "fail").split(",") if w.strip()]
+        unknown = [w for w in words if w not in cls.WORDS]
+        if unknown or not words:
+            raise ValueError(
+                f"{where}: {unknown[0] if unknown else repr(text)} is not one of {', '.join(cls.WORDS)}"
+            )
+        threshold = Status.WARN if "warn" in words else Status.FAIL
+        return cls(threshold, DEFAULT_FAILING | {Impact(w) for w in words if w not in ("fail", "warn")})
+
+    @property
+    def escalated(self) -> tuple[str, ...]:
+        """The impacts beyond the default that fail, in ``Impact``'s order."""
+        return tuple(i.value for i in Impact if i in self.failing - DEFAULT_FAILING)
+
+    def grade(self, result: Result) -> Result:
+        """A defect's finding as this gate sees it: a ``fail`` whose impact does not fail is a
+        ``warn``, saying which ``--fail-on`` makes it fail."""
+        if result.status is not Status.FAIL or result.impact is None or Impact(result.impact) in self.failing:
+            return result
+        note = f"impact {result.impact} ({Impact(result.impact).meaning}): a warn; --fail-on {result.impact} makes it fail"
+        return replace(result, status=Status.WARN, assumptions=(*result.assumptions, note))
 
 
 @dataclass(frozen=True)
@@ -106,6 +179,7 @@ class Report:
     deployment: dict[str, Any]
     results: tuple[Result, ...]
     fail_on: Status = Status.FAIL
+    failing_impacts: tuple[str, ...] = tuple(i.value for i in Impact if i in DEFAULT_FAILING)  # Gate.failing
     tool_version: str = ""
     live: dict[str, Any] | None = None  # what the live child cost, or why it could not run
     depth: str = "auto"  # the depth asked for (static, live or auto)
@@ -116,6 +190,12 @@ class Report:
         """Results at or above ``fail_on`` that no ignore entry covers."""
         return [r for r in self.results if r.ignored is None and r.status.severity >= self.fail_on.severity]
 
+    def unchecked(self) -> list[Result]:
+        """The findings that are checks the live depth could not run (``Result.live_unavailable``).
+        When every finding is one, ``check`` exits 5, not 1: a missing install is not a defect; a
+        defect found beside them still exits 1, so a gate never passes one for an install problem."""
+        return [r for r in self.findings() if r.live_unavailable]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -123,6 +203,7 @@ class Report:
             "target": asdict(self.target),
             "deployment": self.deployment,
             "fail_on": self.fail_on.value,
+            "failing_impacts": list(self.failing_impacts),
             "depth": self.depth,
             "live": self.live,
             "recorded_fixes": self.recorded_fixes,

@@ -44,13 +44,15 @@ def remedy(record) -> str:
 
 
 def main() -> int:
-    print("| id | title | upstream | breaks | ships in (derived) | remedy |")
+    print("| id | title | upstream | impact | ships in (derived) | remedy |")
     print("|---|---|---|---|---|---|")
     for record in all_records():
         urls = dict.fromkeys(record.references.report + record.references.fix)
         upstream = ", ".join(short(u) for u in urls) or "-"
         title = record.title.replace("|", "\\|")
-        print(f"| {record.id} | {title} | {upstream} | {record.breaks} | {runs(record)} | {remedy(record)} |")
+        print(
+            f"| {record.id} | {title} | {upstream} | {record.impact.value} | {runs(record)} | {remedy(record)} |"
+        )
     return 0
 
 

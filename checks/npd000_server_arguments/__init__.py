@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.target.discovery import Target
 
 
@@ -37,6 +37,7 @@ class ServerArguments(Check):
     title = "The release accepts every server argument and flag the deployment passes"
     upstream_history = False  # a fault of the deployment's input, not a defect a release fixes
     runtime_fix = False  # the server reads its arguments before any code npudoctor could patch
+    impact = Impact.STARTUP_CRASH
     why = (
         "sglang refuses to start on a ServerArgs field or a launch flag the release does not define "
         "(TypeError from ServerArgs, 'unrecognized arguments' from its parser). Flags are renamed, "

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import offload_scope
 from npudoctor.target.discovery import Target
 
@@ -46,6 +46,7 @@ class CpuOffloadRoundTrip(Check):
     id = "NPD001"
     title = "KV cache CPU offload/reload round-trips on the NPU pool"
     upstream = ("https://github.com/sgl-project/sglang/pull/25249",)
+    impact = Impact.RUNTIME_CRASH
     why = (
         "A PD decode server under KV-cache pressure retracts requests and offloads their KV to "
         "CPU. If the NPU pool's offload methods read buffers the pool never creates, or index its "

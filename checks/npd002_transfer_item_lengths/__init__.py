@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
 
@@ -36,6 +36,7 @@ class TransferItemLengths(Check):
     id = "NPD002"
     title = "PD transfer item lengths match the NPU KV buffer layout"
     upstream = ("https://github.com/sgl-project/sglang/pull/15852",)
+    impact = Impact.SILENT_WRONG_OUTPUT
     why = (
         "With ASCEND_USE_FIA=1 the NPU MHA buffer is token-major; if get_contiguous_buf_infos "
         "reports one token per transfer item instead of one page, PD transfer copies a fraction "

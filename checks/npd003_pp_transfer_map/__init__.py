@@ -41,7 +41,7 @@ import dataclasses
 
 from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA_INDEXER, Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
 
@@ -65,6 +65,7 @@ class PipelineTransferMap(Check):
     id = "NPD003"
     title = "PD KV transfer with pipeline parallelism maps every layer to the same layer and kind"
     upstream = ("https://github.com/sgl-project/sglang/pull/23893",)
+    impact = Impact.SILENT_WRONG_OUTPUT
     why = (
         "With PP on the prefill side, the Ascend transfer must slice the decode pointer list per "
         "buffer group; otherwise prefill stage layers land in the wrong layer or in the V buffer "

@@ -107,7 +107,7 @@ from typing import TYPE_CHECKING
 
 from npudoctor.deployment.facts import AttentionKind, Facts, RoleFacts, role_facts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.static.source import FunctionRef, SourceTree
 from npudoctor.target.discovery import Target
@@ -126,6 +126,7 @@ class ContextParallelMetadataFields(Check):
     id = "NPD004"
     title = "NPU FIA context-parallel attention reads only fields its metadata defines"
     upstream = ("https://github.com/sgl-project/sglang/pull/26705",)
+    impact = Impact.RUNTIME_CRASH
     why = (
         "The FIA context-parallel prefill path (do_cp_attn_fia) read scalar fields that were removed "
         "from ContextParallelMetadata when it learned to describe several requests, and split q with "

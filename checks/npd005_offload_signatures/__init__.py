@@ -102,7 +102,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import offload_scope
 from npudoctor.target.discovery import Target
 
@@ -113,6 +113,7 @@ class OffloadSignatures(Check):
     id = "NPD005"
     title = "get_cpu_copy/load_cpu_copy overrides accept the keywords their callers pass"
     upstream = ("https://github.com/sgl-project/sglang/pull/24026",)
+    impact = Impact.RUNTIME_CRASH
     why = (
         "Callers pass keywords (mamba_indices=, req_pool_index=) through the allocator to the pool; "
         "an override with a narrower signature raises TypeError at the first retraction, and one "

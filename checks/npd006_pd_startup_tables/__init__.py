@@ -41,7 +41,7 @@ from npudoctor.deployment.facts import (
     RoleFacts,
 )
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Status
+from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
 
@@ -72,6 +72,7 @@ class StartupTransferTables(Check):
     id = "NPD006"
     title = "PD start-up transfer tables build and describe the KV pool's buffers"
     upstream = ("https://github.com/sgl-project/sglang/pull/25383",)
+    impact = Impact.STARTUP_CRASH
     why = (
         "At PD start-up each server builds the tables its KV manager registers with the transfer "
         "engine from its KV pools (and the draft model's). If a table builder reads a buffer the "

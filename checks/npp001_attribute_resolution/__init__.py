@@ -35,7 +35,7 @@ import re
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static.classdefs import names_set_when_run
 from npudoctor.static.npupath import RolePath, role_paths, unconditional_nodes
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
@@ -149,6 +149,7 @@ class AttributeResolution(Check):
         "https://github.com/sgl-project/sglang/pull/11407",
         "https://github.com/sgl-project/sglang/pull/31874",
     )
+    impact = Impact.RUNTIME_CRASH
     why = (
         "An NPU class that lacks a name generic code reads raises AttributeError the first time that "
         "code runs: at start-up, or hours later under KV pressure, PD transfer or a graph replay."

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
 
@@ -83,6 +84,7 @@ class CudaOnlyCode(Check):
         "https://github.com/sgl-project/sglang/pull/17478",
         "https://github.com/Ascend/sglang/pull/324",
     )
+    impact = Impact.STARTUP_CRASH
     why = (
         "A module-level import of a CUDA-only package (sgl_kernel, vllm, flashinfer, deep_gemm ...) that "
         "no NPU guard or try/except covers stops the server on every Ascend host at start-up; a model "

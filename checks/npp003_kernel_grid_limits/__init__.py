@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
 
@@ -60,6 +61,7 @@ class KernelGridLimits(Check):
         "https://github.com/sgl-project/sglang/pull/19756",
         "https://github.com/sgl-project/sglang/pull/28293",
     )
+    impact = Impact.RUNTIME_CRASH
     why = (
         "Ascend launches a Triton grid only while the product of its dimensions fits 16 bits (65535); "
         "a CUDA kernel with one program per token (x heads) on the NPU path kills the scheduler at the "

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
 
@@ -69,6 +70,7 @@ class CallSignatures(Check):
         "https://github.com/sgl-project/sglang/pull/27802",
         "https://github.com/sgl-project/sglang/pull/29146",
     )
+    impact = Impact.RUNTIME_CRASH
     why = (
         "NPU overrides and forward_npu twins are written against callers that keep growing: an "
         "override that does not take what a caller passes raises TypeError on Ascend only, at "

@@ -15,7 +15,6 @@ from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import (
     DEPLOYMENT_HELP,
     Depth,
-    FailOn,
     FailOnOption,
     IgnoreOption,
     NoRecordedFixesOption,
@@ -88,7 +87,7 @@ def advise(
     select: SelectOption = None,
     output_format: Annotated[AdviseFormat, typer.Option("--format", "-f")] = AdviseFormat.text,
     output_path: OutputOption = None,
-    fail_on: FailOnOption = FailOn.fail,
+    fail_on: FailOnOption = None,
     ignore: IgnoreOption = None,
     no_recorded_fixes: NoRecordedFixesOption = False,
     python: PythonOption = None,

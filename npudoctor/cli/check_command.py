@@ -14,7 +14,6 @@ from npudoctor.cli.options import (
     DEPLOYMENT_HELP,
     EXIT_CODES_HELP,
     Depth,
-    FailOn,
     FailOnOption,
     IgnoreOption,
     NoRecordedFixesOption,
@@ -54,7 +53,7 @@ def check(
     select: SelectOption = None,
     output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
     output_path: OutputOption = None,
-    fail_on: FailOnOption = FailOn.fail,
+    fail_on: FailOnOption = None,
     ignore: IgnoreOption = None,
     with_fix: Annotated[
         list[str] | None,
@@ -93,7 +92,19 @@ def check(
     report = run_checks(request, progress=Progress.for_stderr(quiet))
     format_name = output_format.value if output_format else "text"
     _emit(report, format_name, output_path, verbose, request.user_options())
-    raise typer.Exit(ExitCode.FINDINGS if report.findings() else ExitCode.OK)
+    raise typer.Exit(_exit_code(report))
+
+
+def _exit_code(report) -> ExitCode:
+    """0 no finding; 5 when the only findings are checks the live depth could not run (``--depth
+    live`` without a live depth: one line on stderr says why); else 1."""
+    unchecked, findings = report.unchecked(), report.findings()
+    if findings and len(unchecked) == len(findings):
+        reason = (report.live or {}).get("reason") or "the live probes did not run"
+        ids = ", ".join(r.id for r in unchecked)
+        output.say(f"could not check as asked: the live depth is unavailable ({ids}): {reason}")
+        return ExitCode.LIVE_UNAVAILABLE
+    return ExitCode.FINDINGS if findings else ExitCode.OK
 
 
 def _checked_tree(sglang_path: Path | None) -> list[tuple[Path, str]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from npudoctor.cli.options import Depth, FailOn, ids
+from npudoctor.cli.options import Depth, ids
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError, UnknownLaunchFlag
 
@@ -116,7 +116,7 @@ class DeploymentOptions:
         self,
         depth: Depth,
         select: list[str] | None = None,
-        fail_on: FailOn = FailOn.fail,
+        fail_on: str | None = None,
         ignore: list[str] | None = None,
         sglang_path: Path | None = None,
         with_fixes: list[str] | None = None,
@@ -135,7 +135,7 @@ class DeploymentOptions:
             sglang_path=sglang_path,
             depth=depth.value,
             select=ids(select),
-            fail_on=fail_on.value,
+            fail_on=fail_on,
             ignore=list(ignore or []),
             today=dt.date.today(),
             with_fixes=list(with_fixes or []),

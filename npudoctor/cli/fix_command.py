@@ -34,9 +34,13 @@ EPILOG = (
     "the sglang they fix (the directory it is imported from; --site or $NPUDOCTOR_SITE to choose), "
     "where sglang 0.5.11+ loads them in every scheduler process; --status and --revert look there. "
     "--apply replaces the record with what it selects now, and names each recorded fix it drops. "
-    "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1.\n\n"
+    "Kill switch for every process: NPUDOCTOR_DISABLE_FIXES=1. The plan and --apply end with the "
+    "findings no runtime fix cures (the catalog's records): `npudoctor check` stays red on those until "
+    "the release or workaround each names.\n\n"
     + DEPLOYMENT_HELP
-    + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 --status: "
+    + "\n\nExit codes: 0 done (plan shown, fixes recorded or reverted, the record fits); 1 a fix the "
+    "deployment needs was refused (one line on stderr each: why, and for an unsafe fix the command with "
+    "--unsafe), or --status: "
     "the record no longer fits this sglang or deployment (the next command is printed), sglang's processes "
     "will not apply it (why is printed), or nothing is recorded and a fix is needed; 2 usage or input error (unknown fix id, unwritable --site, "
     "damaged record, a record --revert cannot remove: it is left as it was, the record's lock held "
@@ -96,10 +100,30 @@ def fix(
     if status:
         judged = operations.judged_with_record(setting, planned, quiet) if document is not None else None
         _show_status(operations.status(setting, document, planned, unsafe, judged), setting, unsafe, as_json)
-    elif apply:
-        _show_applied(operations.apply(setting, planned, unsafe), planned, setting, unsafe, as_json)
+        return
+    uncured = operations.uncured(setting)
+    if apply:
+        _show_applied(operations.apply(setting, planned, unsafe), planned, setting, unsafe, as_json, uncured)
     else:
-        _show_plan(planned, as_json, verbose, operations.apply_hint(setting, unsafe))
+        _show_plan(planned, as_json, verbose, operations.apply_hint(setting, unsafe), uncured)
+    _exit_on_refusal(planned, setting)
+
+
+def _exit_on_refusal(planned, setting) -> None:
+    """A fix refused where its check fails leaves the defect in place: one line each on stderr (why,
+    and for an unsafe fix the command with --unsafe), exit 1, never a silent 0."""
+    from npudoctor.patching.fixbase import Safety
+    from npudoctor.service import operations
+    from npudoctor.service.planning import refusals
+
+    refused = refusals(planned)
+    for p in refused:
+        line = f"refused {p.fix.id}: {p.decision.reason}"
+        if p.fix.safety is Safety.UNSAFE and p.decision.installs:  # refused for the flag alone
+            line += f": {operations.apply_hint(setting, True, [p.fix.id])}"
+        output.say(line)
+    if refused:
+        raise typer.Exit(ExitCode.FINDINGS)
 
 
 def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
@@ -140,30 +164,37 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
         raise typer.Exit(ExitCode.FINDINGS)
 
 
-def _show_plan(planned, as_json: bool, verbose: bool, apply_command: str) -> None:
-    """``fix``: the plan, nothing changed, and the ``--apply`` that records it (the user's options)."""
+def _show_plan(planned, as_json: bool, verbose: bool, apply_command: str, uncured) -> None:
+    """``fix``: the plan, nothing changed, and the ``--apply`` that records it (the user's options);
+    then the findings no fix cures (``operations.uncured``)."""
     from npudoctor.formatters import fixplan
+    from npudoctor.service.operations import uncured_json
     from npudoctor.service.planning import plan_json
 
     if as_json:
-        _report(True, {"plan": plan_json(planned)}, "")
+        _report(True, {"plan": plan_json(planned), "uncured": uncured_json(uncured)}, "")
         return
     fixplan.print_plan(console := output.console(), planned, verbose)
     fixplan.print_apply_hint(console, planned, apply_command)
+    fixplan.print_uncured(console, uncured)
 
 
-def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> None:
+def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool, uncured) -> None:
     """``fix --apply``: what was recorded, what the record no longer holds (and the command that keeps
-    it), and how to check and undo it."""
+    it), and how to check and undo it; then the findings no fix cures (``operations.uncured``)."""
     from npudoctor.formatters import fixplan
+    from npudoctor.service.operations import uncured_json
     from npudoctor.service.planning import plan_json
 
     if not applied.fixes:
         decided = "; ".join(f"{p.fix.id} {p.decision.action.value}" for p in planned)
-        _report(as_json, {"applied": [], "plan": plan_json(planned)}, f"nothing to apply: {decided}")
+        data = {"applied": [], "plan": plan_json(planned), "uncured": uncured_json(uncured)}
+        _report(as_json, data, f"nothing to apply: {decided}")
+        if not as_json:
+            fixplan.print_uncured(output.console(), uncured)
         return
     if as_json:
-        _report(True, {**applied.to_json(), "plan": plan_json(planned)}, "")
+        _report(True, {**applied.to_json(), "plan": plan_json(planned), "uncured": uncured_json(uncured)}, "")
         return
     console = output.console()
     fixplan.print_plan(console, planned, False)
@@ -177,6 +208,7 @@ def _show_applied(applied, planned, setting, unsafe: bool, as_json: bool) -> Non
     _print_plugin_note(console, setting, unsafe)
     console.print(f"check it: {escape(applied.status_command)}", soft_wrap=True)
     console.print(f"undo it:  {escape(applied.undo_command)}", soft_wrap=True)
+    fixplan.print_uncured(console, uncured)
 
 
 def _print_plugin_note(console: Console, setting, unsafe: bool) -> None:

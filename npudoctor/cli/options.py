@@ -10,11 +10,12 @@ import typer
 
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
-0 no finding at or above --fail-on;
+0 no finding at or above --fail-on (leak and performance findings warn unless --fail-on names them);
 1 findings;
 2 usage or input error (bad YAML, missing config.json, unknown flag or check id);
 3 internal error;
 4 nothing to check (no sglang found);
+5 could not check as asked: --depth live and the live depth is unavailable (no other finding);
 130 interrupted (Ctrl-C: one line on stderr, no report); 143 and 129 the same for SIGTERM and SIGHUP.
 """
 
@@ -37,11 +38,6 @@ class Depth(str, Enum):
 class DataFormat(str, Enum):
     text = "text"
     json = "json"
-
-
-class FailOn(str, Enum):
-    fail = "fail"
-    warn = "warn"
 
 
 # Options `fix` and `run` share.
@@ -83,7 +79,17 @@ SelectOption = Annotated[
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the report here, not stdout.")
 ]
-FailOnOption = Annotated[FailOn, typer.Option(help="Lowest status that counts as a finding.")]
+FailOnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--fail-on",
+        metavar="WORD[,WORD]",
+        help="What counts (default: fail, or the deployment YAML's fail_on): 'fail' or 'warn', the lowest "
+        "status that is a finding; and an impact whose findings fail too. Crashes "
+        "(startup-crash, runtime-crash) and silent-wrong-output fail; leak and performance findings "
+        "warn unless named (--fail-on leak, --fail-on leak,performance).",
+    ),
+]
 IgnoreOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -22,6 +22,7 @@ YAML shape::
       decode:  {args: ["--disaggregation-mode", "decode"], env: {...}}
     ignore:
       - {id: NPD003, until: 2026-12-31, reason: "PP transfer fixed by our image patch"}
+    fail_on: [fail, leak]                   # what counts, as --fail-on (which wins when given)
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ from npudoctor.deployment.ignores import Ignore, parse_yaml
 from npudoctor.deployment.launch import flag_names, parse_arguments, parse_command
 from npudoctor.deployment.redact import redact_argv
 from npudoctor.errors import InputError, path_error, short_repr
+from npudoctor.results import Gate
 
 # Environment variables that change sglang's code paths on Ascend; read from the
 # caller's environment for every form of deployment (``shell_env``).
 _CODE_PATH_ENV_PREFIXES = ("ASCEND_", "SGLANG_", "HCCL_", "PYTORCH_NPU_", "TASK_QUEUE_")
 
-_YAML_KEYS = {"model", "env", "roles", "ignore"}
+_YAML_KEYS = {"model", "env", "roles", "ignore", "fail_on"}
 _ROLE_KEYS = {"server_args", "args", "env"}
 _MODEL_KEYS = {"config", "path", "hf_config"}
 
@@ -56,6 +58,7 @@ _MODEL_KEYS = {"config", "path", "hf_config"}
 class Deployment:
     facts: Facts
     ignores: list[Ignore] = field(default_factory=list)
+    fail_on: str | None = None  # the YAML's ``fail_on`` words, comma-joined (``results.Gate.parse``)
 
 
 def shell_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -179,7 +182,22 @@ def from_yaml(path: Path, shell: Mapping[str, str] | None = None) -> Deployment:
         taken |= set(shell or {}) - set(own)
     ignores = parse_yaml(data.get("ignore"), where)
     facts = Facts(model=model, roles=tuple(roles), source=f"yaml:{path}", env_from_shell=tuple(sorted(taken)))
-    return Deployment(facts, ignores)
+    return Deployment(facts, ignores, _fail_on(data.get("fail_on"), f"{where}: fail_on"))
+
+
+def _fail_on(value: Any, where: str) -> str | None:
+    """The YAML's ``fail_on`` (a word or a list of words, as ``--fail-on`` takes them), checked now."""
+    if value is None:
+        return None
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise InputError(f"{where}: a word or a list of words ({', '.join(Gate.WORDS)})")
+    text = ",".join(words)
+    try:
+        Gate.parse(text, where)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    return text
 
 
 def from_command(argv: list[str], parser=None, shell: Mapping[str, str] | None = None) -> Deployment:

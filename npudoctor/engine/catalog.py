@@ -40,7 +40,7 @@ from packaging.version import Version
 
 from npudoctor.deployment.predicate import compile_predicate, evaluate, role_namespace
 from npudoctor.engine.check import Check, Probe
-from npudoctor.results import Evidence, Location, Status
+from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static import fingerprints
 from npudoctor.static.fingerprints import Fingerprint
 from npudoctor.target import history, resultcache
@@ -51,19 +51,12 @@ if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
     from npudoctor.target.discovery import Target
 
-BREAKS = {
-    "startup-crash": "the server does not start",
-    "runtime-crash": "a crash or hang at run time",
-    "silent-wrong-output": "silent wrong output or corrupted state, no error",
-    "leak": "a resource leak",
-    "performance": "a feature silently off or slow",
-}
 ID_PREFIX = "NPC"  # every record's id is NPC### (the seven checks are NPD###): ``--select NPC``, the NPC* row
 RANGE_KINDS = ("affected", "fixed", "absent", "unrecognised")
 _KEYS = {
     "id",
     "title",
-    "breaks",
+    "impact",
     "summary",
     "upstream",
     "bites_when",
@@ -147,9 +140,9 @@ class CatalogRecord(Check):
         if not re.fullmatch(rf"{ID_PREFIX}\d{{3}}", self.id):
             raise ValueError(f"{where}: a record's id is {ID_PREFIX} and three digits, got {self.id!r}")
         self.title = str(data["title"])
-        if data.get("breaks") not in BREAKS:
-            raise ValueError(f"{where}: breaks must be one of {', '.join(BREAKS)}")
-        self.breaks = str(data["breaks"])
+        if data.get("impact") not in {i.value for i in Impact}:  # the gate grades the record's finding by it
+            raise ValueError(f"{where}: impact must be one of {', '.join(i.value for i in Impact)}")
+        self.impact = Impact(data["impact"])
         self.summary = str(data.get("summary", "")).strip()
         up = data.get("upstream") or {}
         self.references = Upstream(*(tuple(up.get(k) or ()) for k in ("report", "fix", "introduced")))
@@ -174,7 +167,7 @@ class CatalogRecord(Check):
         # when the ranges were last derived (OSV's ``modified``): scripts/catalog_ranges.py writes it
         self.modified = str((data.get("releases") or {}).get("derived") or "1970-01-01T00:00:00Z")
         self.notes = str(data.get("notes", "")).strip()
-        self.why = f"{self.summary} ({BREAKS[self.breaks]})"
+        self.why = f"{self.summary} ({self.impact.meaning})"
         self.how_to_fix = self._how_to_fix()
 
     # ----- when it bites -----------------------------------------------------------------
@@ -218,7 +211,7 @@ class CatalogRecord(Check):
             evidence = Evidence(expected=fixed_says, observed=self.defective.says, location=location)
             return Probe(
                 Status.FAIL,
-                f"{self.summary.rstrip('.')} ({BREAKS[self.breaks]})",
+                f"{self.summary.rstrip('.')} ({self.impact.meaning})",
                 (evidence,),
                 assumptions,
                 roles,

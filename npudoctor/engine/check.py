@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from npudoctor.results import Depth, Evidence, Remediation, Result, Status
+from npudoctor.results import Depth, Evidence, Impact, Remediation, Result, Status
 from npudoctor.target import history, resultcache
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class Check:
 
     id: ClassVar[str]
     title: ClassVar[str]
+    # what the defect does where it bites (its worst consequence): the gate's severity (``results.Gate``);
+    # every check names one (``all_checks`` refuses a check without)
+    impact: ClassVar[Impact]
     upstream: ClassVar[tuple[str, ...]] = ()  # pull-request URLs
     why: ClassVar[str] = ""  # why it matters to a deployment
     bites_when: ClassVar[str] = ""  # the conditions under which the defect shows
@@ -198,6 +201,7 @@ class Check:
             remediation=remediation,
             assumptions=tuple(assumptions),
             roles=tuple(roles),
+            impact=self.impact.value,
         )
 
     def error_result(self, error: BaseException) -> Result:
@@ -211,6 +215,7 @@ class Check:
             depth=Depth.STATIC,
             summary=f"the check could not run: {type(error).__name__}: {error}{where}",
             error=f"{type(error).__name__}: {error}",
+            impact=self.impact.value,
         )
 
 
@@ -317,7 +322,11 @@ def all_checks() -> list[Check]:
     known-defect catalog (``npudoctor.engine.catalog``)."""
     from npudoctor.engine.registry import catalog_records, discover
 
-    return discover("npudoctor.checks", "CHECK", Check) + list(catalog_records())
+    checks = discover("npudoctor.checks", "CHECK", Check)
+    for check in checks:  # the gate grades every finding by its impact: a check without one is a bug
+        if not isinstance(getattr(check, "impact", None), Impact):
+            raise RuntimeError(f"check {check.id} names no impact (npudoctor.results.Impact)")
+    return checks + list(catalog_records())
 
 
 def run_checks(

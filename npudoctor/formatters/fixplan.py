@@ -94,3 +94,23 @@ def print_apply_hint(console: Console, planned: Sequence, apply_command: str) ->
     print_whole(
         console, Para("nothing changed; this records the fixes marked apply:"), Whole(apply_command, indent=2)
     )
+
+
+def print_uncured(console: Console, uncured: Sequence) -> None:
+    r"""The findings no runtime fix cures (``operations.uncured``, ``Result``\ s): the gate stays red
+    on them after ``--apply``. Each: id, impact and title, then what cures it (the release that fixes
+    it, the workaround), word-wrapped."""
+    if not uncured:
+        return
+    parts: list[RenderableType] = [
+        Para(
+            f"no runtime fix cures {len(uncured)} finding(s): `npudoctor check` stays red (exit 1) until "
+            "you upgrade or apply the workaround each names:"
+        )
+    ]
+    for result in uncured:
+        lead = Text.assemble((result.id, "bold"), " ", (result.impact or "", "dim"), "  ")
+        parts.append(Para(result.title, indent=2, lead=lead))
+        if result.remediation is not None and result.remediation.advice:
+            parts.append(Para(result.remediation.advice, indent=DETAIL_INDENT))
+    print_whole(console, *parts)

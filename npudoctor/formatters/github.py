@@ -19,7 +19,7 @@ import os
 
 from npudoctor.formatters import markdown
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
@@ -76,6 +76,8 @@ def _message(result: Result, user: UserOptions) -> str:
     if result.ignored is not None:
         lines.append(f"ignored ({result.status.value}): {result.ignored}")
     lines.append(result.summary)
+    if result.impact and result.status in (Status.FAIL, Status.WARN):
+        lines.append(f"impact: {result.impact}")
     if result.error:
         lines.append(f"error: {result.error}")
     for evidence in result.evidence:
@@ -83,7 +85,7 @@ def _message(result: Result, user: UserOptions) -> str:
         lines.append(f"expected: {evidence.expected}; observed: {evidence.observed}{where}")
     fix = result.remediation
     if fix is not None and fix.fix_id:
-        lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
+        lines.append(f"fix: {fix_hint(fix.fix_id, user)}")
     return "\n".join(lines)
 
 

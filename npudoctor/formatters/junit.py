@@ -18,7 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 # Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:
@@ -46,6 +46,7 @@ def render(report: Report, user: UserOptions | None = None) -> str:
         ("sglang.path", report.target.path),
         ("sglang.source", report.target.source),
         ("fail_on", report.fail_on.value),
+        ("failing_impacts", ",".join(report.failing_impacts)),
     ):
         ET.SubElement(properties, "property", {"name": name, "value": clean(value)})
 
@@ -83,7 +84,8 @@ def testcase(suite: ET.Element, result: Result, user: UserOptions | None = None)
         child = ET.SubElement(case, "skipped", {"message": clean(f"ignored: {result.ignored}")})
         child.text = details
     elif result.status is Status.FAIL:
-        child = ET.SubElement(case, "failure", {"message": clean(result.summary), "type": "fail"})
+        kind = result.impact or "fail"  # what the defect does: startup-crash, silent-wrong-output, ...
+        child = ET.SubElement(case, "failure", {"message": clean(result.summary), "type": kind})
         child.text = details
     elif result.status is Status.ERROR:
         message = result.error or result.summary
@@ -98,6 +100,8 @@ def testcase(suite: ET.Element, result: Result, user: UserOptions | None = None)
 
 def _details(result: Result, user: UserOptions) -> str:
     lines = [f"{result.status.value.upper()}: {result.summary}"]
+    if result.impact and result.status in (Status.FAIL, Status.WARN):
+        lines.append(f"impact: {result.impact}")
     if result.ignored is not None:
         lines.append(f"ignored: {result.ignored}")
     if result.error:
@@ -111,7 +115,7 @@ def _details(result: Result, user: UserOptions) -> str:
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            lines.append(f"fix: {hint('fix', '--select', fix.fix_id, user=user)}")
+            lines.append(f"fix: {fix_hint(fix.fix_id, user)}")
         if fix.fixed_in:
             lines.append(f"fixed upstream in sglang {fix.fixed_in}")
         elif fix.unfixed_as_of:

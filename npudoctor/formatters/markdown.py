@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 
@@ -114,9 +114,7 @@ def _details(result: Result, user: UserOptions) -> list[str]:
     if fix is not None and (fix.fix_id or fix.fixed_in or fix.advice):
         remedy = []
         if fix.fix_id:
-            remedy.append(
-                f"fix {_code(fix.fix_id)}: run {_code(hint('fix', '--select', fix.fix_id, user=user))}"
-            )
+            remedy.append(f"fix {_code(fix.fix_id)}: run {_code(fix_hint(fix.fix_id, user))}")
         if fix.fixed_in:
             remedy.append(f"fixed upstream in sglang {_text(fix.fixed_in)}")
         elif fix.unfixed_as_of:

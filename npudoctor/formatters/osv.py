@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from npudoctor.engine.catalog import BREAKS, RANGE_KINDS, CatalogRecord, sort_key
+from npudoctor.engine.catalog import RANGE_KINDS, CatalogRecord, sort_key
 
 OSV_SCHEMA_VERSION = "1.7.0"
 ID_PREFIX = "x_npudoctor-"
@@ -30,7 +30,7 @@ def osv_record(record: CatalogRecord) -> dict[str, Any]:
             events.append({"fixed": after})
     specific: dict[str, Any] = {
         "affected_symbols": record.defective.symbols,
-        "breaks": record.breaks,
+        "impact": record.impact.value,
         "bites_when": record.bites_when,
         "bites_when_expression": record.predicate_text,
     }
@@ -70,7 +70,7 @@ def osv_record(record: CatalogRecord) -> dict[str, Any]:
 
 
 def _details(record: CatalogRecord) -> str:
-    parts = [record.summary, f"What breaks: {BREAKS[record.breaks]}.", f"When it bites: {record.bites_when}."]
+    parts = [record.summary, f"What breaks: {record.impact.meaning}.", f"When it bites: {record.bites_when}."]
     parts.append(f"Defective code: {record.defective.says}.")
     if record.fixed is not None:
         parts.append(f"Fixed code: {record.fixed.says}.")
@@ -97,11 +97,11 @@ def check_entry(item) -> dict[str, Any]:
         "upstream": list(item.upstream),
         "release_history": fixed_in_history(item),
         "bites_when": item.bites_when,
+        "impact": item.impact.value,
         "runtime_fix": item.id if item.runtime_fix and not isinstance(item, CatalogRecord) else None,
     }
     if isinstance(item, CatalogRecord):
         entry["runtime_fix"] = item.remedy.fix
-        entry["breaks"] = item.breaks
         entry["affected"] = list(item.releases["affected"])
         entry["fixed_in"] = item.first_fixed
         entry["affected_symbols"] = item.defective.symbols

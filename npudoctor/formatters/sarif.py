@@ -2,7 +2,8 @@
 dashboards ingest, so npudoctor findings show up next to the sglang source lines.
 
 One run; one rule per check id (the id is the stable ``ruleId``); one SARIF result per
-``fail``/``warn``/``error`` result. Evidence locations are relative to the directory
+``fail``/``warn``/``error`` result, its ``level`` from the status (a leak or performance finding the
+gate does not fail is a ``warning``) and its ``properties.impact`` the defect's impact. Evidence locations are relative to the directory
 holding ``sglang/``, which the run declares as the ``SGLANG_ROOT`` base URI. Results an
 ignore entry covers stay in the log with an external suppression, so viewers can show
 them as dismissed instead of losing them.
@@ -60,6 +61,7 @@ def run_of(report: Report) -> dict[str, Any]:
             "sglangVersion": report.target.version,
             "sglangPath": report.target.path,
             "failOn": report.fail_on.value,
+            "failingImpacts": list(report.failing_impacts),
         },
     }
     return run
@@ -118,5 +120,9 @@ def _result(result: Result, index: int) -> dict[str, Any]:
         sarif["locations"] = locations
     if result.ignored is not None:
         sarif["suppressions"] = [{"kind": "external", "justification": result.ignored}]
-    sarif["properties"] = {"status": result.status.value, "depth": result.depth.value}
+    sarif["properties"] = {
+        "status": result.status.value,
+        "depth": result.depth.value,
+        "impact": result.impact,
+    }
     return sarif

@@ -22,8 +22,8 @@ from rich.text import Text
 
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
-from npudoctor.results import Evidence, Report, Result, Status
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
+from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
@@ -169,7 +169,10 @@ EVIDENCE_SHOWN = 2
 
 
 def _details(result: Result, user: UserOptions, verbose: bool) -> list[RenderableType]:
-    heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
+    impact = (
+        (" ", (result.impact, "dim")) if result.impact and result.status in (Status.FAIL, Status.WARN) else ""
+    )
+    heading = Text.assemble((result.id, "bold"), " ", _status(result), *impact, "  ")
     parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
     if result.error:
         parts.append(Para(result.error, indent=INDENT, lead=Text("error: ", style="dim")))
@@ -190,7 +193,7 @@ def _details(result: Result, user: UserOptions, verbose: bool) -> list[Renderabl
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            command = hint("fix", "--select", fix.fix_id, user=user)
+            command = fix_hint(fix.fix_id, user)
             parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
         if fix.fixed_in:
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
@@ -277,9 +280,15 @@ def _closing(report: Report) -> Text:
             if ignored[status]:
                 line.append(f" ({ignored[status]} ignored)")
     line.append("  -  ")
-    threshold = f"at or above '{report.fail_on.value}'"
+    threshold = f"at or above '{report.fail_on.value}'" + _escalated(report)
     if counts["findings"]:
         line.append(f"{counts['findings']} finding(s) {threshold}", style="bold red")
     else:
         line.append(f"no findings {threshold}", style="green")
     return line
+
+
+def _escalated(report: Report) -> str:
+    """The impacts ``--fail-on`` made fail beyond the default (crashes and silent wrong output)."""
+    extra = [i for i in report.failing_impacts if Impact(i) not in DEFAULT_FAILING]
+    return f" ({', '.join(extra)} failing)" if extra else ""

@@ -36,7 +36,7 @@ from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.live import child_process
 from npudoctor.results import Report, Status
 from npudoctor.service.planning import UserOptions
-from npudoctor.service.runner import CheckRequest, run
+from npudoctor.service.runner import CheckRequest, request_gate, run
 from npudoctor.target import history, releases
 from npudoctor.target.discovery import discover
 
@@ -147,6 +147,7 @@ class AdviseRequest:
 
 def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | None = None) -> Advice:
     """Check every subject of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
+    request_gate(request.check)  # a word --fail-on does not know: exit 2 before any release is fetched
     cache = request.cache or releases.user_cache_dir()
     subjects, notes = select_subjects(request, cache)
     jobs = min(request.jobs or os.cpu_count() or 1, len(subjects))
@@ -195,7 +196,7 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
         recommendation=recommend(rows),
         check_ids=check_ids,
         depth=request.check.depth,
-        fail_on=request.check.fail_on,
+        fail_on=request.check.fail_on or "fail",
         notes=tuple(notes),
         user=request.check.user_options(default_depth="static"),
     )

@@ -19,6 +19,7 @@ from npudoctor.service import planning
 
 if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
+    from npudoctor.results import Result
     from npudoctor.service.runner import CheckRequest
     from npudoctor.target.discovery import Target
 
@@ -67,6 +68,32 @@ def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool
         return planning.plan(
             fixes, target, facts, unsafe, request.depth, on_step=live_steps(progress.step, target)
         )
+
+
+def uncured(setting: FixSetting) -> list[Result]:
+    """The findings ``npudoctor check`` gives this deployment that no runtime fix cures: the known-defect
+    catalog's (its records have no runtime fix; read from the source, as ``check`` reads them, under
+    the deployment's gate). After ``fix --apply`` the gate stays red on these: each result's remedy
+    names the release that fixes it and the workaround."""
+    from npudoctor.service.runner import run
+
+    request = replace(setting.request, select=["NPC"], depth="static", with_fixes=[], recorded_fixes=False)
+    return run(request).findings()
+
+
+def uncured_json(results: list[Result]) -> list[dict]:
+    """``uncured`` as ``fix --format json`` gives it."""
+    return [
+        {
+            "id": r.id,
+            "title": r.title,
+            "status": r.status.value,
+            "impact": r.impact,
+            "fixed_in": r.remediation.fixed_in if r.remediation else None,
+            "advice": r.remediation.advice if r.remediation else "",
+        }
+        for r in results
+    ]
 
 
 def apply_hint(setting: FixSetting, unsafe: bool, fix_ids: list[str] | None = None) -> str:

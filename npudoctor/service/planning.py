@@ -58,6 +58,8 @@ class Decision:
     shape: dict[str, str]
     release: str | None = None  # the release whose shape matched
     installs: tuple[str, ...] = ()  # the sites of ``replaces`` that would be installed
+    # the check fails here: a refusal leaves a confirmed defect in place (``fix`` exits 1, ``refusals``)
+    confirmed: bool = False
 
 
 def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False) -> Decision:
@@ -83,6 +85,7 @@ def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False)
             + ", ".join(f"{site} ({shape[site]})" for site in differing)
             + f" differ from sglang {', '.join(fix.written_for)}",
             shape,
+            confirmed=True,
         )
     installs = fix.installs_in_source(target.tree)
     if not installs:
@@ -93,6 +96,7 @@ def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False)
             "needs it in this code",
             shape,
             release,
+            confirmed=True,
         )
     if fix.safety is Safety.UNSAFE and not allow_unsafe:
         return Decision(
@@ -102,6 +106,7 @@ def decide(fix: Fix, target: Target, result: Result, allow_unsafe: bool = False)
             shape,
             release,
             installs,
+            confirmed=True,
         )
     reason = f"{fix.id} fails here: {result.summary}"
     if set(installs) != set(fix.replaces):
@@ -141,6 +146,11 @@ def decisions(fixes: list[Fix], target: Target, results: list[Result], allow_uns
     """Each fix's decision from the verdicts ``results`` (one per check id) of an evaluation."""
     verdicts = {result.id: result for result in results}
     return [Planned(fix, decide(fix, target, verdicts[fix.id], allow_unsafe)) for fix in fixes]
+
+
+def refusals(planned: list[Planned]) -> list[Planned]:
+    """The fixes refused where their check fails: the defect stays (``fix`` exits 1, one line each)."""
+    return [p for p in planned if p.decision.action is Action.REFUSED and p.decision.confirmed]
 
 
 def plan_json(planned: list[Planned]) -> list[dict]:
@@ -669,6 +679,14 @@ class UserOptions:
         depth = report.depth if report.depth != "auto" else None
         target, deployment = redact_argv(target, for_shell=True), redact_argv(deployment, for_shell=True)
         return cls(target=tuple(target), deployment=tuple(deployment), depth=depth)
+
+
+def fix_hint(fix_id: str, user: UserOptions | None = None) -> str:
+    """A finding's fix as a command (``npudoctor fix --select ID``, the plan for that fix), with
+    ``--unsafe`` where the fix changes running code: pasted, the plan marks it apply, never "refused"
+    for the flag the hint left out."""
+    unsafe = any(f.id == fix_id and f.safety is Safety.UNSAFE for f in all_fixes())
+    return hint("fix", "--select", fix_id, *(["--unsafe"] if unsafe else []), user=user)
 
 
 def hint(command: str, *own: str, user: UserOptions | None = None, deployment: bool = True) -> str:

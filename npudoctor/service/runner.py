@@ -20,7 +20,7 @@ from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
 from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
 from npudoctor.engine.registry import select
 from npudoctor.errors import InputError
-from npudoctor.results import Report, Status
+from npudoctor.results import Gate, Impact, Report
 from npudoctor.service.evaluate import evaluate, reuse
 from npudoctor.service.planning import Action, UserOptions, decisions, recorded_fixes
 from npudoctor.service.workarounds import with_workaround
@@ -41,7 +41,7 @@ class CheckRequest:
     sglang_path: Path | None = None
     depth: str = "auto"
     select: list[str] = field(default_factory=list)
-    fail_on: str = "fail"
+    fail_on: str | None = None  # --fail-on's words (``results.Gate``); None: the YAML's, else fail
     ignore: list[str] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
     with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
@@ -77,6 +77,7 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     ``progress`` (``npudoctor.service.progress``) is told each step: the start, the live import, each probe."""
     checks = select_checks(request.select)
     deploy = load_deployment(request)
+    gate = request_gate(request, deploy)  # a word --fail-on does not know: exit 2 before any probe runs
     entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
     ignores.validate(entries, {c.id for c in all_checks()})
     if request.with_fixes and request.depth == "static":
@@ -119,7 +120,8 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
-    results = ignores.apply(_with_workarounds(evaluation.results, checks, request), entries, request.today)
+    graded = [gate.grade(r) for r in _with_workarounds(evaluation.results, checks, request)]
+    results = ignores.apply(graded, entries, request.today)
     live_summary = _live_summary(evaluation.live)
     if live_summary is not None and "reason" in live_summary:
         live_summary["reason"] = redact_value(live_summary["reason"])
@@ -127,12 +129,23 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         target=target.info(),
         deployment=facts.to_dict(),
         results=tuple(redact_result(r) for r in results),
-        fail_on=Status(request.fail_on),
+        fail_on=gate.threshold,
+        failing_impacts=tuple(i.value for i in Impact if i in gate.failing),
         tool_version=__version__,
         live=live_summary,
         depth=request.depth,
         recorded_fixes=recorded.summary(evaluation.results, evaluation.live) if recorded else None,
     )
+
+
+def request_gate(request: CheckRequest, deploy: load.Deployment | None = None) -> Gate:
+    """What counts against the deployment: ``--fail-on`` when given, else the YAML's ``fail_on``,
+    else the default (crashes and silent wrong output fail, leaks and performance warn)."""
+    text = request.fail_on if request.fail_on is not None else (deploy.fail_on if deploy else None)
+    try:
+        return Gate.parse(text, "--fail-on" if request.fail_on is not None else "fail_on")
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def _with_workarounds(results, checks: list[Check], request: CheckRequest) -> list:

@@ -21,7 +21,7 @@ GUARD = r"if _is_npu:\s*\n\s*return False"
 RECORD = {
     "id": "NPC900",
     "title": "test record: the Triton embedding kernel without its NPU guard",
-    "breaks": "runtime-crash",
+    "impact": "runtime-crash",
     "summary": "VocabParallelEmbedding would launch the Triton embedding kernel on NPU (sglang PR #31636)",
     "upstream": {"fix": ["https://github.com/sgl-project/sglang/pull/31636"]},
     "bites_when": "tp > 1",

@@ -14,6 +14,7 @@ from npudoctor.engine.catalog import all_records
 from npudoctor.formatters import FORMATS
 from npudoctor.results import SCHEMA_VERSION
 
+from support.notorch import WITHOUT_TORCH
 from support.repo import EXAMPLES, REPO
 from support.reports import json_report, result_of
 
@@ -281,18 +282,6 @@ def test_static_depth_never_executes_torch(release, tmp_path):
     assert done.stderr.strip().endswith("no torch")
 
 
-# Runs npudoctor's CLI where torch is not installed (a slim CI image): importing it fails the way
-# a missing package does.
-WITHOUT_TORCH = """
-import sys
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, NoTorch())
-from npudoctor.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 @pytest.mark.parametrize(

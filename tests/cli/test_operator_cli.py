@@ -102,12 +102,18 @@ def test_fix_takes_the_deployment_as_check_does(cli, release, monkeypatch, form)
     tree = release("0.5.9")
     report = json_report(cli, "--sglang-path", tree, *FORMS[form])
     code, out, err = cli("fix", "--format", "json", "--sglang-path", tree, *FORMS[form])
-    assert code == 0, err
     plan = {row["id"]: row for row in json.loads(out)["plan"]}
     for check_id, row in plan.items():  # the fix decides from check's verdict for the same input
         status = result_of(report, check_id)["status"]
         assert (row["action"] == "not needed") == (status in ("pass", "skip")), (check_id, status, row)
     assert plan["NPD002"]["action"] != "not needed"
+    # a fix refused where its check fails (NPD002 is unsafe, no --unsafe here) leaves the defect: exit 1
+    refused = [
+        i
+        for i, row in plan.items()
+        if row["action"] == "refused" and result_of(report, i)["status"] == "fail"
+    ]
+    assert code == (1 if refused else 0), err
 
 
 def test_run_reads_the_deployment_from_its_options_too(release, tmp_path):

@@ -157,8 +157,12 @@ def test_check_fix_and_run_agree(state, config, cli, subject):
     assert code in (0, 1), err
     statuses = {r["id"]: r for r in json.loads(out)["results"]}
     code, out, err = cli("fix", "-f", "json", "--sglang-path", tree, *given)
-    assert code == 0, err
     plan = {entry["id"]: entry for entry in json.loads(out)["plan"]}
+    # a fix refused where its check fails (an unsafe one without --unsafe) leaves the defect: exit 1
+    refused = [
+        i for i, entry in plan.items() if entry["action"] == "refused" and statuses[i]["status"] == "fail"
+    ]
+    assert code == (1 if refused else 0), err
     for fix_id, entry in plan.items():
         result = statuses[fix_id]
         assert entry["action"] in CONSISTENT[result["status"]], (fix_id, result["status"], entry)
