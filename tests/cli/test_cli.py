@@ -282,8 +282,6 @@ def test_static_depth_never_executes_torch(release, tmp_path):
     assert done.stderr.strip().endswith("no torch")
 
 
-
-
 @pytest.mark.parametrize(
     ("command", "code"), [(("check", "--depth", "static"), 1), (("list",), 0), (("fix",), 0)]
 )
