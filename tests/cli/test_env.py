@@ -68,7 +68,7 @@ def test_env_names_what_a_minimal_install_lacks(tmp_path):
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            timeout=120,
+            timeout=600,
         )
         for form in ((), ("-f", "json"))
     ]

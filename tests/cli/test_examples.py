@@ -382,7 +382,7 @@ def test_launch_command_example(subject, tmp_path, state, npd002, npd005):
         env=_tool_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     report = json.loads(done.stdout)
     failing = [r["id"] for r in report["results"] if r["status"] == "fail"]  # the catalog's records too
@@ -427,7 +427,7 @@ def _bash(script: str, cwd: Path, env: dict[str, str], shell_flags: str) -> subp
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
 
 

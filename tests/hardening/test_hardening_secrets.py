@@ -250,7 +250,7 @@ def test_fix_plan_record_and_run_plan_hold_no_secret(cli, release, tmp_path, sec
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     assert '"NPD001"' in done.stdout  # the plan was handed over

@@ -41,7 +41,7 @@ def slim(tmp_path_factory) -> Path:
 
 
 def run(executable: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 @pytest.mark.parametrize("output_format", FORMATS)
