@@ -8,7 +8,8 @@ result. Results an ignore entry covers stay in the log with an external suppress
 can show them as dismissed instead of losing them.
 
 Locations are written the way GitHub code scanning resolves them (it reads a relative ``uri`` as
-relative to the repository checkout and ignores any other ``originalUriBaseIds`` entry): a file
+relative to the repository's root, whatever base id the log declares, and makes an absolute one
+under the checkout relative to it; the ``SGLANG_ROOT`` base of earlier versions linked nothing): a file
 inside the checkout (``$GITHUB_WORKSPACE`` in a workflow, else the working directory, e.g. an
 unpacked wheel checked in CI) is relative to it with the ``%SRCROOT%`` base id GitHub's own
 examples use; a file elsewhere (an installed sglang) is an absolute ``file://`` URI.
