@@ -6,8 +6,15 @@ One record per catalogued defect: the package ``PyPI/sglang``, the affected rele
 in PyPI order, derived from the wheels) and as the explicit ``versions`` list, the references
 typed ``REPORT``, ``FIX`` and ``INTRODUCED``, and in ``ecosystem_specific`` what the scanner needs
 to judge reachability as npudoctor does: the affected symbols (the defective fingerprints), what
-breaks, when it bites, and the workaround. The id uses OSV's ``x_`` prefix for a private database.
-``tests/data/osv-schema.json`` (ossf/osv-schema, validation/schema.json) validates the export.
+breaks, when it bites, and the workaround.
+
+The records declare schema 1.6.3, the newest release of the OSV schema whose ``id`` admits a
+database that is not one OSV.dev aggregates: from 1.6.4 through the newest release (1.7.5) the id
+must start with one of OSV.dev's home-database prefixes, and only the unreleased main adds ``x_``
+for a private database (ossf/osv-schema#499). The id keeps that ``x_`` form, so it stays valid
+when a release adds it. Every field the records use exists in 1.6.3.
+``tests/data/osv-schema-1.6.3.json`` (ossf/osv-schema tag v1.6.3, validation/schema.json)
+validates the export.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 from npudoctor.engine.catalog import RANGE_KINDS, CatalogRecord, sort_key
 
-OSV_SCHEMA_VERSION = "1.7.0"
+OSV_SCHEMA_VERSION = "1.6.3"  # the newest released schema whose id admits ID_PREFIX
 ID_PREFIX = "x_npudoctor-"
 
 

@@ -1,5 +1,6 @@
-"""``npudoctor list --format osv``: the catalog as OSV records that validate against the OSV schema
-(``tests/data/osv-schema.json``: ossf/osv-schema, validation/schema.json), one per record, with the
+"""``npudoctor list --format osv``: the catalog as OSV records that validate against the released OSV
+schema they declare (``tests/data/osv-schema-1.6.3.json``: ossf/osv-schema tag v1.6.3,
+validation/schema.json, commit c37661d75a28fc759000f863da904f9a2caebac3), one per record, with the
 affected PyPI releases as the wheels gave them."""
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from packaging.version import Version
 
 from npudoctor.engine.catalog import all_records
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "data" / "osv-schema.json").read_text())
+VENDORED_RELEASE = "1.6.3"  # the tag of the schema file below
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / f"osv-schema-{VENDORED_RELEASE}.json").read_text()
+)
 
 
 def exported(cli) -> list[dict]:
@@ -22,7 +26,10 @@ def exported(cli) -> list[dict]:
 
 
 def test_every_record_is_one_valid_osv_record(cli):
+    """Valid against the released schema whose version each record declares (not an unreleased
+    main: a reader validates against the version the record names)."""
     records = exported(cli)
+    assert {r["schema_version"] for r in records} == {VENDORED_RELEASE}
     validator = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
     for record in records:
         errors = sorted(validator.iter_errors(record), key=str)

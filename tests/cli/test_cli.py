@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,11 +232,13 @@ def test_console_script_is_installed():
 def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     import xml.etree.ElementTree as ET
 
+    import jsonschema
     import xmlschema
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+    monkeypatch.chdir(tmp_path)
     base = ("check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--format")
     outputs = {}
     for name in FORMATS:
@@ -252,13 +255,17 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     assert case.find("failure") is not None and "memory_pool.py:1832" in case.find("failure").text
 
     sarif = json.loads(outputs["sarif"])
+    sarif_schema = json.loads((REPO / "tests/data/sarif-schema-2.1.0.json").read_text())
+    jsonschema.Draft4Validator(sarif_schema).validate(sarif)
     findings = {result["ruleId"]: result for result in sarif["runs"][0]["results"]}
     # the defects of 0.5.12 on DeepSeek-V3 PD (known.yaml); the catalog's records follow the checks
     assert sorted(f for f in findings if f.startswith("NPD")) == ["NPD001", "NPD006"]
     finding = findings["NPD001"]
     assert finding["level"] == "error"
     region = finding["locations"][0]["physicalLocation"]
-    assert region["artifactLocation"]["uri"] == "sglang/srt/mem_cache/memory_pool.py"
+    # the release cache lies outside the checkout (the working directory here): an absolute file URI
+    pool = Path(os.path.realpath(release("0.5.12"))) / "sglang/srt/mem_cache/memory_pool.py"
+    assert region["artifactLocation"] == {"uri": pool.as_uri()}
     assert region["region"]["startLine"] == 1832
 
     assert "::error file=sglang/srt/mem_cache/memory_pool.py,line=1832," in outputs["github"]

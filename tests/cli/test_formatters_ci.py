@@ -12,6 +12,9 @@ from npudoctor.formatters import github, junit, markdown, renderer, sarif
 from npudoctor.results import Depth, Evidence, Location, Remediation, Report, Result, Status, TargetInfo
 
 XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
+# OASIS SARIF 2.1.0 (errata01) schema, from oasis-tcs/sarif-spec sarif-2.1/schema/sarif-schema-2.1.0.json
+# (last changed in a560296ca8c921f3bdb8d4a8db57ab83dae968a7)
+SARIF_SCHEMA = Path(__file__).parents[1] / "data" / "sarif-schema-2.1.0.json"
 
 NASTY = "a|b\nc <tag> & \x01d"
 
@@ -176,9 +179,22 @@ def test_junit_escapes_control_characters(junit_xml):
 # --- SARIF ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sarif_log() -> dict:
+@pytest.fixture
+def sarif_log(monkeypatch) -> dict:
+    """The log as a workflow whose checkout holds the tree renders it (``/opt`` checked out)."""
+    monkeypatch.setenv("GITHUB_WORKSPACE", "/opt")
     return json.loads(sarif.render(REPORT))
+
+
+def test_sarif_validates_against_the_oasis_schema(sarif_log, monkeypatch):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SARIF_SCHEMA.read_text())
+    validator = jsonschema.Draft4Validator(schema, format_checker=jsonschema.FormatChecker())
+    monkeypatch.setenv("GITHUB_WORKSPACE", "/elsewhere")
+    for log in (sarif_log, json.loads(sarif.render(REPORT))):
+        assert [error.message for error in validator.iter_errors(log)] == []
+    # the schema is the real one: a driver without its required name is rejected
+    assert not validator.is_valid({"version": "2.1.0", "runs": [{"tool": {"driver": {}}}]})
 
 
 def test_sarif_envelope(sarif_log):
@@ -190,8 +206,11 @@ def test_sarif_envelope(sarif_log):
     assert driver["version"] == "0.1.0"
     # informationUri describes npudoctor (its distribution's Home-page/Project-URL), never sglang;
     # npudoctor declares none, so the optional field is left out
-    assert driver.get("informationUri") == sarif.information_uri() and "sgl-project" not in str(driver)
-    assert run["originalUriBaseIds"] == {"SGLANG_ROOT": {"uri": "file:///opt/site-packages/"}}
+    assert driver.get("informationUri") == sarif.information_uri() and "sgl-project" not in str(
+        driver.get("informationUri")
+    )
+    # the one base id GitHub documents, declared as the checkout for viewers other than GitHub
+    assert run["originalUriBaseIds"] == {"%SRCROOT%": {"uri": "file:///opt/"}}
 
 
 def test_sarif_rules_are_stable_check_ids(sarif_log):
@@ -208,6 +227,27 @@ def test_sarif_rules_are_stable_check_ids(sarif_log):
     ]
 
 
+def test_sarif_rules_carry_short_help_and_the_upstream_pr(sarif_log):
+    """Code scanning shows a rule's help beside the alert: each rule says why its defect matters
+    and how to fix it (the check's own texts, a few sentences), names ``explain`` for the rest,
+    and links its upstream pull request."""
+    from npudoctor.engine.check import all_checks
+
+    checks = {check.id: check for check in all_checks()}
+    for rule in sarif_log["runs"][0]["tool"]["driver"]["rules"]:
+        check = checks[rule["id"]]
+        text, markdown_help = rule["help"]["text"], rule["help"]["markdown"]
+        first_sentence = " ".join(check.why.split()).split(". ")[0].replace("``", "")
+        assert text.startswith(first_sentence), (rule["id"], text)
+        assert text.endswith(f"npudoctor explain {check.id}")
+        assert markdown_help.endswith(f"`npudoctor explain {check.id}`")
+        assert "How to fix" in text and "How to fix" in markdown_help
+        assert len(text) < len(check.why) + len(check.how_to_fix) + 80  # short: never more than the two
+        assert len(text) <= 3 * sarif.HELP_CHARS, (rule["id"], len(text))
+        assert rule["helpUri"] == check.upstream[0]
+        assert rule["helpUri"].startswith("https://github.com/sgl-project/sglang/pull/")
+
+
 def test_sarif_results_levels_and_suppression(sarif_log):
     results = {r["ruleId"]: r for r in sarif_log["runs"][0]["results"]}
     assert set(results) == {"NPD001", "NPD002", "NPD003", "NPD006"}  # no skip, no pass
@@ -220,20 +260,57 @@ def test_sarif_results_levels_and_suppression(sarif_log):
     assert all("suppressions" not in results[i] for i in ("NPD001", "NPD002", "NPD003"))
 
 
-def test_sarif_locations_and_message(sarif_log):
+def test_sarif_locations_link_into_the_checkout(sarif_log):
+    """GitHub code scanning reads a relative uri as relative to the repository checkout (and ignores
+    base ids of its own): a tree inside the checkout is named from the checkout's root."""
     results = {r["ruleId"]: r for r in sarif_log["runs"][0]["results"]}
     fail = results["NPD001"]
     physical = [loc["physicalLocation"] for loc in fail["locations"]]
-    assert [p["artifactLocation"]["uri"] for p in physical] == [
-        "sglang/srt/mem_cache/memory_pool.py",
-        "sglang/srt/model_executor/model_runner.py",
+    assert [p["artifactLocation"] for p in physical] == [
+        {"uri": "site-packages/sglang/srt/mem_cache/memory_pool.py", "uriBaseId": "%SRCROOT%"},
+        {"uri": "site-packages/sglang/srt/model_executor/model_runner.py", "uriBaseId": "%SRCROOT%"},
     ]
-    assert all(p["artifactLocation"]["uriBaseId"] == "SGLANG_ROOT" for p in physical)
     assert [p["region"]["startLine"] for p in physical] == [123, 45]
+    assert results["NPD002"]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == (
+        "site-packages/sglang/srt/a%2Cb%3Ac.py"
+    )
     assert fail["message"]["text"].startswith("pool too small")
     assert "size < 2\nline two" in fail["message"]["text"]
     assert "copies: a, b" in fail["message"]["text"]
     assert "locations" not in results["NPD003"]
+
+
+def test_sarif_locations_outside_the_checkout_are_absolute_file_uris(monkeypatch, tmp_path):
+    """An installed sglang outside the checkout: an absolute ``file://`` URI (GitHub makes it
+    relative to the checkout when it can; no base id, which would name another file)."""
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (run,) = json.loads(sarif.render(REPORT))["runs"]
+    results = {r["ruleId"]: r for r in run["results"]}
+    locations = [loc["physicalLocation"]["artifactLocation"] for loc in results["NPD001"]["locations"]]
+    assert locations == [
+        {"uri": "file:///opt/site-packages/sglang/srt/mem_cache/memory_pool.py"},
+        {"uri": "file:///opt/site-packages/sglang/srt/model_executor/model_runner.py"},
+    ]
+    assert "originalUriBaseIds" not in run
+
+
+def test_sarif_working_directory_is_the_checkout_outside_github(monkeypatch, tmp_path):
+    """A CI job outside GitHub runs from its checkout: the working directory stands for it."""
+    tree = tmp_path / "trees" / "sglang"
+    tree.mkdir(parents=True)
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    report = Report(
+        target=TargetInfo(version="0.5.1", path=str(tree), source="path"),
+        deployment={"source": "none"},
+        results=(FAIL,),
+        fail_on=Status.FAIL,
+    )
+    (run,) = json.loads(sarif.render(report))["runs"]
+    location = run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location == {"uri": "trees/sglang/srt/mem_cache/memory_pool.py", "uriBaseId": "%SRCROOT%"}
+    assert run["originalUriBaseIds"] == {"%SRCROOT%": {"uri": tmp_path.resolve().as_uri() + "/"}}
 
 
 # --- GitHub -----------------------------------------------------------------------------------------

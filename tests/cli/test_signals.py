@@ -6,11 +6,12 @@ npudoctor's live child importing sglang, ``advise``'s workers checking releases,
 ``run`` launched, running on without it, nor an ``npudoctor-live-*`` / ``npudoctor-run-*`` folder
 in ``$TMPDIR``.
 
-Each test starts the real CLI in a session of its own, with a private ``TMPDIR``, waits until
-the process the case is about exists (the live child's folder, advise's workers, the launched
-command), signals npudoctor's main process (or, for Ctrl-C, its process group, as a terminal
+Each test starts the real CLI in a session of its own, with a private ``TMPDIR`` and an empty
+static-result cache (so the work lasts), waits until the process the case is about exists (the
+live child's folder, advise's workers, the launched command: a positive sign, no fixed wait),
+signals npudoctor's main process at once (or, for Ctrl-C, its process group, as a terminal
 does), and then looks for any process left in the session and any folder left in ``TMPDIR``.
-Each signal lands a second or two into the run, so a case costs seconds."""
+Every wait is a 600 s guard that ends as soon as its condition holds, never a bound."""
 
 from __future__ import annotations
 
@@ -59,11 +60,13 @@ def _children(pid: int) -> list[int]:
 def _signalled(argv, tmp_path, started, signum, group=False, env=None):
     """``npudoctor ARGV`` in a session of its own with ``TMPDIR`` a private folder, sent ``signum``
     once ``started(pid, tmpdir)`` says the work is under way; returns (exit code, stderr, the
-    processes left in its session, what is left in its ``TMPDIR``), given a few seconds to clear."""
+    processes left in its session, what is left in its ``TMPDIR``), once they cleared (or after a
+    600 s guard)."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
+    (tmp_path / "cache").mkdir()
     environment = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    environment.update(env or {}, TMPDIR=str(tmpdir))
+    environment.update({"NPUDOCTOR_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}, TMPDIR=str(tmpdir))
 
     def no_core_files():  # SIGQUIT's default action dumps core
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -74,17 +77,16 @@ def _signalled(argv, tmp_path, started, signum, group=False, env=None):
                                    cwd=tmp_path, env=environment, start_new_session=True,
                                    preexec_fn=no_core_files)  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        guard = time.monotonic() + 600
         while not started(process.pid, tmpdir):
             assert process.poll() is None, f"{argv} ended before its work started: {stderr.read_text()}"
-            assert time.monotonic() < deadline, f"{argv}: its work did not start in 120 s"
+            assert time.monotonic() < guard, f"{argv}: its work did not start in 600 s"
             time.sleep(0.05)
-        time.sleep(0.5)
         assert process.poll() is None, f"{argv} finished before the signal"
         (os.killpg if group else os.kill)(process.pid, signum)
-        process.wait(timeout=20)
-        deadline = time.monotonic() + 10
-        while (left := _session_members(process.pid)) and time.monotonic() < deadline:
+        process.wait(timeout=600)
+        guard = time.monotonic() + 600  # a child's teardown may take a while on a busy host
+        while (left := _session_members(process.pid)) and time.monotonic() < guard:
             time.sleep(0.1)
         return process.returncode, stderr.read_text(), left, sorted(p.name for p in tmpdir.iterdir())
     finally:
@@ -118,9 +120,21 @@ def test_a_sigkill_to_check_ends_the_live_child(release, tmp_path):
     assert not left, f"still running after npudoctor was killed: {left}"
 
 
+def _ignores_sigint(pid: int) -> bool:
+    """Whether ``pid`` ignores SIGINT now (``SigIgn`` of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
 def _workers_at_work(count: int):
+    """advise's ``count`` workers started, and npudoctor done starting them: it ignores SIGINT only
+    while it starts them (so they inherit the ignored signal), and hands each its task then; a
+    signal inside that window interrupts the start itself, which this test does not aim at."""
+
     def started(pid, _tmpdir) -> bool:
-        return len(_children(pid)) >= count
+        return len(_children(pid)) >= count and not _ignores_sigint(pid)
 
     return started
 

@@ -176,7 +176,7 @@ def test_check_fix_and_run_agree(state, config, cli, subject):
     done = subprocess.run(
         [sys.executable, "-m", "npudoctor", "run", "--depth", "static", "--verbose", *given, "--", sys.executable,
          "-c", "pass"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith("npudoctor: NPD")]

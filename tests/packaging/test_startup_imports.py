@@ -37,7 +37,7 @@ def _loaded(code: str, env: dict[str, str] | None = None) -> tuple[list[str], st
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=120,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     *before, last = done.stdout.splitlines()
