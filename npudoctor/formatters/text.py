@@ -1,12 +1,17 @@
 """Human-readable report of ``npudoctor check``, for a terminal, a pipe or a CI log (80 columns).
 
-Compact by default: a short header (npudoctor and sglang versions, the tree's path, the
-deployment), one line per check (id, status, depth, title), then the details of every finding
-(fail, warn, error), of every ignored result and of every pass or skip that carries a note (an
-assumption, e.g. "no deployment given: assumed ..." or a live probe's caveat): its summary,
-notes, evidence (``- path:line (symbol)``, expected, observed) and the fix to run. Then the
-live depth's cost and the closing counts. ``verbose`` gives every result's details and the
-live depth's full statistics.
+Compact by default, to fit one screen (a deployment with four findings in 40 rows of 80 columns):
+a short header (npudoctor and sglang versions, the tree's path, the deployment); one line per
+check without a finding (id, status, depth, and its title, or for a skip why it does not apply,
+checks skipped for the same reason on one line; the catalog records that pass or cannot bite
+folded into one line); then each finding (fail, warn, error) and each ignored result in a few
+lines: ``ID STATUS  title``, its most telling piece of evidence on one line (``path:line:
+observed``), and what cures it on one line (the runtime fix, the release that fixes it, the
+workaround in the deployment's own form). The report ends the way ruff's does, so that the last
+screen says what to do (``_footer``): the verdict, the one ``npudoctor fix`` command for every
+runtime fix, the release that fixes every finding (or what no release fixes), and ``npudoctor
+explain ID`` for the full text. ``verbose`` gives every result's details (summary, notes, every
+piece of evidence, the advice in full) and the live depth's full statistics, then the same end.
 
 Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
 or the ``npudoctor fix`` command stays whole, on a line of its own when it must. A catalog
@@ -21,7 +26,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
-from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
+from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import Evidence, Report, Result, Status
 from npudoctor.service.planning import UserOptions, hint
 from npudoctor.service.workarounds import command_of
@@ -63,7 +68,9 @@ def print_report(
 
 def _parts(report: Report, verbose: bool, user: UserOptions | None) -> RenderableType:
     args = user if user is not None else UserOptions.of_report(report)
-    quiet = [] if verbose else [r for r in report.results if _quiet_record(r)]
+    if not verbose:
+        return group([*_compact(report, args), *_footer(report, args)])
+    quiet: list[Result] = []
     shown = [r for r in report.results if r not in quiet]
     parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(shown, quiet)]
     skipped = [r for r in shown if r.status is Status.SKIP and not (verbose or _has_details(r))]
@@ -75,8 +82,160 @@ def _parts(report: Report, verbose: bool, user: UserOptions | None) -> Renderabl
             parts.extend(_details(result, args, verbose))
     parts.append(Text(""))
     parts.extend(_live(report.live, verbose))
-    parts.append(Para(_closing(report)))
+    parts.extend(_footer(report, args))
     return group(parts)
+
+
+def _compact(report: Report, user: UserOptions) -> list[RenderableType]:
+    """The default report: the checks without a finding one line each, then each finding in a few
+    lines (``_finding``)."""
+    focus = [r for r in report.results if _in_focus(r)]
+    quiet = [r for r in report.results if _quiet_record(r)]
+    listed = [r for r in report.results if r not in focus and r not in quiet]
+    parts: list[RenderableType] = [*_header(report)]
+    if listed or quiet:
+        parts += [Text(""), _overview(listed, quiet)]
+    if focus:
+        parts.append(Text(""))
+        for result in focus:
+            parts.extend(_finding(result))
+    noted = [r.id for r in report.results if r.assumptions and r not in quiet]
+    if noted and report.deployment.get("source", "none") != "none":  # else the header says what is assumed
+        parts.append(Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim")))
+    live = _live(report.live, False)
+    if live:
+        parts += [Text(""), *live]
+    return parts
+
+
+def _in_focus(result: Result) -> bool:
+    """A result the compact report details: a finding, a warning or error, or one an ignore entry
+    accepted (the report says why)."""
+    return result.status in (Status.FAIL, Status.WARN, Status.ERROR) or result.ignored is not None
+
+
+def _overview(results: list[Result], quiet: list[Result]) -> Rows:
+    """One row per check without a finding: a pass with its title; a skip with why it does not
+    apply, the checks skipped for the same reason in one row (``NPD002, NPD004  SKIP  ...``)."""
+    rows: list[tuple[list, str | Text]] = []
+    skipped: dict[tuple[str, str], list[str]] = {}
+    for result in results:
+        if result.status is Status.SKIP:
+            key = (_skip_reason(result), result.depth.value)
+            if key not in skipped:
+                skipped[key] = []
+                rows.append(([skipped[key], _status(result), result.depth.value], key[0]))
+            skipped[key].append(result.id)
+        else:
+            rows.append(([result.id, _status(result), result.depth.value], result.title))
+    rows = [([", ".join(c[0]) if isinstance(c[0], list) else c[0], *c[1:]], tail) for c, tail in rows]
+    if quiet:
+        rows.append(_quiet_row(quiet))
+    header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")],
+              Text("title (SKIP: why not)", "bold"))  # fmt: skip
+    return Rows(rows, header=header, max_widths=(8,))
+
+
+def _skip_reason(result: Result) -> str:
+    """Why a check does not apply, short: its summary's first clause (what follows ``: `` explains
+    it); ``--verbose`` and the JSON report say it all."""
+    return result.summary.split(": ", 1)[0]
+
+
+def _finding(result: Result) -> list[RenderableType]:
+    """A finding in a few lines: status, id and title; the most telling piece of evidence; what
+    cures it."""
+    heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
+    parts: list[RenderableType] = [Gist(heading, result.title)]
+    evidence = result.evidence[0] if result.evidence else None
+    if result.error:
+        parts.append(Gist(Text("error: ", style="dim"), result.error, indent=INDENT))
+    elif evidence is not None and evidence.location is not None:
+        where = Text(f"{evidence.location.path}:{evidence.location.line}", style="cyan")
+        parts.append(Gist(where, ": " + (evidence.observed or evidence.expected), indent=INDENT))
+    elif evidence is not None:
+        said = ("observed: ", evidence.observed) if evidence.observed else ("expected: ", evidence.expected)
+        parts.append(Gist(Text(said[0], style="dim"), said[1], indent=INDENT))
+    else:
+        parts.append(Gist("", result.summary, indent=INDENT))
+    if result.ignored is not None:
+        parts.append(
+            Gist(Text("ignored: ", style="dim"), result.ignored or "(no reason given)", indent=INDENT)
+        )
+    parts.extend(_cure(result))
+    return parts
+
+
+def _cure(result: Result) -> list[RenderableType]:
+    """What cures a finding, on one line: the runtime fix (its command ends the report), the release
+    that fixes it upstream, a catalog record's workaround in the deployment's form (a launch
+    command whole on its own line); else the advice."""
+    fix = result.remediation
+    if fix is None:
+        return []
+    said = []
+    if fix.fix_id:
+        said.append(f"runtime fix {fix.fix_id} (command below)")
+    if fix.fixed_in:
+        said.append(f"fixed upstream in sglang {fix.fixed_in}")
+    elif fix.unfixed_as_of:
+        said.append(f"not fixed upstream as of sglang {fix.unfixed_as_of}")
+    command = ""
+    if fix.workaround and not fix.fix_id:
+        workaround, command = command_of(fix.workaround)
+        said.append(f"workaround: {workaround}")
+    if not said:
+        advice, command = command_of(fix.advice)
+        said.append(advice)
+    parts: list[RenderableType] = [Para("; ".join(said), indent=INDENT)]
+    if command:  # a catalog workaround's launch command: to paste, whole
+        parts.append(Whole(command, indent=INDENT))
+    return parts
+
+
+def _footer(report: Report, user: UserOptions) -> list[RenderableType]:
+    """The end of the report, as ruff ends its own: the verdict; the findings a runtime fix cures and
+    the one command for all of them; the release that fixes every finding (or which none fixes);
+    the findings left to a workaround; where the full text is."""
+    findings = report.findings()
+    parts: list[RenderableType] = [Text(""), Para(_closing(report))]
+    if not findings:
+        return parts
+    fix_ids = list(
+        dict.fromkeys(r.remediation.fix_id for r in findings if r.remediation and r.remediation.fix_id)
+    )
+    if fix_ids:
+        parts.append(
+            Para(f"{len(fix_ids)} fixable at run time ({', '.join(fix_ids)}); the plan, then --apply:")
+        )
+        parts.append(Whole(_fix_command(fix_ids, user), indent=INDENT))
+    remedied = [r for r in findings if r.remediation is not None]
+    upgrades = {r.remediation.upgrade_to for r in remedied}
+    if remedied and len(remedied) == len(findings) and len(upgrades) == 1 and None not in upgrades:
+        parts.append(Para(f"upgrade: sglang {upgrades.pop()} or later fixes all {len(findings)}"))
+    else:
+        unfixed = [r.id for r in remedied if not r.remediation.upgrade_to]
+        newest = next((r.remediation.unfixed_as_of for r in remedied if r.remediation.unfixed_as_of), None)
+        if unfixed:
+            through = f" through sglang {newest}" if newest else ""
+            parts.append(Para(f"no release checked{through} fixes {', '.join(unfixed)}"))
+    worked = [
+        r.id for r in findings if r.remediation and r.remediation.workaround and not r.remediation.fix_id
+    ]
+    if worked:
+        parts.append(Para(f"workaround above for {', '.join(worked)}"))
+    parts.append(Para(Text.assemble("full text of a finding: ", f"npudoctor explain {findings[0].id}")))
+    return parts
+
+
+def _fix_command(fix_ids: list[str], user: UserOptions) -> str:
+    """The one command for every runtime fix of the findings: ``npudoctor fix`` for them (the plan,
+    which prints the ``--apply`` that records it), with the user's own options (``planning.hint``);
+    ``--unsafe`` when a fix changes running behaviour (else the plan refuses it)."""
+    from npudoctor.patching.fixbase import Safety, all_fixes
+
+    unsafe = any(f.safety is Safety.UNSAFE for f in all_fixes() if f.id in fix_ids)
+    return hint("fix", "--select", ",".join(fix_ids), *(["--unsafe"] if unsafe else []), user=user)
 
 
 def _header(report: Report) -> list[RenderableType]:
@@ -134,16 +293,18 @@ def _quiet_record(result: Result) -> bool:
 def _summary_rows(results: list[Result], quiet: list[Result]) -> Rows:
     rows = [([result.id, _status(result), result.depth.value], result.title) for result in results]
     if quiet:
-        counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
-        said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-        rows.append(
-            (
-                [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
-                f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
-            )
-        )
+        rows.append(_quiet_row(quiet))
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
     return Rows(rows, header=header, max_widths=(8,))
+
+
+def _quiet_row(quiet: list[Result]) -> tuple[list, str]:
+    counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
+    said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+    return (
+        [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
+        f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
+    )
 
 
 def _has_details(result: Result) -> bool:
@@ -159,8 +320,7 @@ def _skip_lines(results: list[Result]) -> Rows:
     """``NPD002  SKIP  not a PD disaggregated deployment``: why each check does not apply, one line
     each: its summary's first clause (what follows ``: `` explains it), cut to the width; ``--verbose``
     and the JSON report say it all."""
-    return Rows([([result.id, _status(result)], result.summary.split(": ", 1)[0]) for result in results],
-                max_widths=(8,))  # fmt: skip
+    return Rows([([result.id, _status(result)], _skip_reason(result)) for result in results], max_widths=(8,))
 
 
 # The compact report's evidence per result: the first pieces are the direct ones (a live observation
