@@ -28,7 +28,8 @@ COLUMNS, ROWS = 80, 40
 VERDICT = re.compile(r"(\d+ finding\(s\)|no findings) at or above '\w+'")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # where a printed command starts: `npudoctor fix ...`, or a workaround's launch command
-COMMAND = re.compile(r"(?:^|\s|`)(npudoctor (?:check|fix|run|advise|explain|list|env)(?:\s.*)?)$")
+COMMAND = re.compile(r"(?:^|\s)(npudoctor (?:check|fix|run|advise|explain|list|env)(?:\s.*)?)$")
+CODE_SPAN = re.compile(r"`(npudoctor [^`]*)`")  # Markdown's
 LAUNCH = re.compile(r"^\s*((?:\w+=\S+ )*python3? -m sglang\.launch_server\b.*)$")
 
 
@@ -50,10 +51,10 @@ def last_screen(lines: list[str], rows: int = ROWS, width: int = COLUMNS) -> lis
 
 def command_of(line: str) -> list[str] | None:
     """The words of the ``npudoctor ...`` command ``line`` prints (None: it prints none)."""
-    found = COMMAND.search(line)
+    found = CODE_SPAN.search(line) or COMMAND.search(line)
     if found is None:
         return None
-    return shlex.split(found.group(1).rstrip("`").strip())
+    return shlex.split(found.group(1).strip())
 
 
 def parse_error(words: list[str]) -> str | None:
