@@ -69,8 +69,9 @@ def wrap_words(text: str | Text, width: int) -> list[Text]:
     return lines or [Text()]
 
 
-# a word, and its trailing blanks; a YAML key and its value are one word (``server_args.pp_size: 1``)
-_WORD = re.compile(r"(?:[A-Za-z_]\w*(?:\.\w+)+: (?=\S))?\S+\s*")
+# a word, and its trailing blanks; a YAML key a workaround sets and its value are one word
+# (``server_args.pp_size: 1``, ``env.ASCEND_USE_FIA: 0``: ``npudoctor.service.workarounds``)
+_WORD = re.compile(r"(?:\b(?:server_args|env)\.\w+: (?=\S))?\S+\s*")
 
 
 @dataclass
@@ -184,7 +185,9 @@ class Gist:
         rest = _text(" ".join(self.rest.split()) if isinstance(self.rest, str) else self.rest)
         room = options.max_width - head.cell_len
         if rest.plain.strip() and room >= self.min_rest:
-            head.append_text(ellipsize(rest, room))
+            said = ellipsize(rest, room, whole_words=True)
+            if said.plain.removesuffix(ELLIPSIS).strip(" :;,-"):  # a word of it at least
+                head.append_text(said)
         yield _line(head)
 
 
@@ -192,12 +195,19 @@ def _fits(cell: str | Text, cap: int) -> bool:
     return _text(cell).cell_len <= cap
 
 
-def ellipsize(text: Text, width: int) -> Text:
-    """``text`` cut to ``width`` cells with an ASCII ellipsis when longer (one line)."""
+def ellipsize(text: Text, width: int, whole_words: bool = False) -> Text:
+    """``text`` cut to ``width`` cells with an ASCII ellipsis when longer (one line), after its last
+    whole word that fits (a path or a name is left out, not cut), or mid-word when not even its
+    first word fits; ``whole_words``: then nothing at all."""
     text = _text(text)
     if text.cell_len <= width:
         return text
-    text.truncate(max(width - len(ELLIPSIS), 0), overflow="crop")
+    room = max(width - len(ELLIPSIS), 0)
+    fits = text.plain[: room + 1]
+    end = fits.rstrip().rfind(" ") if not fits[room:].isspace() else room
+    if end <= 0 and whole_words:
+        return Text()
+    text.truncate(end if end > 0 else room, overflow="crop")
     text.rstrip()
     text.append(ELLIPSIS, style="dim")
     return text

@@ -101,7 +101,7 @@ def _compact(report: Report, user: UserOptions) -> list[RenderableType]:
             parts.extend(_finding(result))
     noted = [r.id for r in report.results if r.assumptions and r not in quiet]
     if noted and report.deployment.get("source", "none") != "none":  # else the header says what is assumed
-        parts.append(Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim")))
+        parts += [Text(""), Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim"))]
     live = _live(report.live, False)
     if live:
         parts += [Text(""), *live]

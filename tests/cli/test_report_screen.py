@@ -119,7 +119,9 @@ def test_check_on_the_bundled_example_ends_with_the_verdict_and_the_next_command
     lines = done.stdout.splitlines()
     screen = last_screen(lines)
     assert [line for line in screen if VERDICT.search(line)], "\n".join(screen)
-    assert runnable_commands(screen), "no runnable npudoctor command on the last screen:\n" + "\n".join(screen)
+    assert runnable_commands(screen), "no runnable npudoctor command on the last screen:\n" + "\n".join(
+        screen
+    )
 
     if shutil.which("tmux") is None:
         return
@@ -197,7 +199,9 @@ def test_every_command_prints_clean_lines_and_whole_commands_at_80_columns(
     assert [line for line in lines if line != line.rstrip()] == [], "trailing blanks"
     assert [line for line in lines if line and not line.strip()] == [], "a line of blanks only"
     assert "<br>" not in out
-    assert [line for line in lines if re.search(r"\bNP[CDP]\d{0,2}(?:\.\.\.|…)", line)] == [], "an id cut short"
+    assert [line for line in lines if re.search(r"\bNP[CDP]\d{0,2}(?:\.\.\.|…)", line)] == [], (
+        "an id cut short"
+    )
     for line in lines:  # each command printed is whole on its line: it parses as the CLI reads it
         words = command_of(line)
         if words is not None and not line.lstrip().startswith(("#", "-", "|")) and "..." not in words[2:3]:
