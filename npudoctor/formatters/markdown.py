@@ -80,9 +80,8 @@ def cell(value: object) -> str:
 
 
 def _inline(value: object) -> str:
-    """Text safe on one list-item line: a table cell's escaping, its line breaks as spaces (prose
-    folded in a YAML file flows on)."""
-    return cell(" ".join(_text(value).split()))
+    """Text safe on one list-item line (same escaping as a table cell)."""
+    return cell(value)
 
 
 def _code(value: object) -> str:
