@@ -209,16 +209,19 @@ def _footer(report: Report, user: UserOptions) -> list[RenderableType]:
             Para(f"{len(fix_ids)} fixable at run time ({', '.join(fix_ids)}); the plan, then --apply:")
         )
         parts.append(Whole(_fix_command(fix_ids, user), indent=INDENT))
-    remedied = [r for r in findings if r.remediation is not None]
-    upgrades = {r.remediation.upgrade_to for r in remedied}
-    if remedied and len(remedied) == len(findings) and len(upgrades) == 1 and None not in upgrades:
-        parts.append(Para(f"upgrade: sglang {upgrades.pop()} or later fixes all {len(findings)}"))
-    else:
-        unfixed = [r.id for r in remedied if not r.remediation.upgrade_to]
-        newest = next((r.remediation.unfixed_as_of for r in remedied if r.remediation.unfixed_as_of), None)
-        if unfixed:
-            through = f" through sglang {newest}" if newest else ""
-            parts.append(Para(f"no release checked{through} fixes {', '.join(unfixed)}"))
+    remedies = [r.remediation for r in findings if r.remediation is not None]
+    upgrade = next((fix.upgrade_to for fix in remedies if fix.upgrade_to), None)  # one for the deployment
+    cured = [r.id for r in findings if r.remediation and r.remediation.upgrade_to]
+    if upgrade and len(cured) == len(findings):
+        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes all {len(findings)}"))
+    elif upgrade:
+        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes {', '.join(cured)}"))
+    unfixed: dict[str, list[str]] = {}  # by the newest release checked
+    for r in findings:
+        if r.remediation and r.remediation.unfixed_as_of:
+            unfixed.setdefault(r.remediation.unfixed_as_of, []).append(r.id)
+    for newest, ids in unfixed.items():
+        parts.append(Para(f"not fixed upstream as of sglang {newest}: {', '.join(ids)}"))
     worked = [
         r.id for r in findings if r.remediation and r.remediation.workaround and not r.remediation.fix_id
     ]
