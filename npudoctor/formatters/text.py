@@ -68,22 +68,19 @@ def print_report(
 
 def _parts(report: Report, verbose: bool, user: UserOptions | None) -> RenderableType:
     args = user if user is not None else UserOptions.of_report(report)
-    if not verbose:
-        return group([*_compact(report, args), *_footer(report, args)])
-    quiet: list[Result] = []
-    shown = [r for r in report.results if r not in quiet]
-    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(shown, quiet)]
-    skipped = [r for r in shown if r.status is Status.SKIP and not (verbose or _has_details(r))]
-    if skipped:  # why each does not apply, one line each (--verbose: in full, with the details)
-        parts += [Text(""), _skip_lines(skipped)]
-    for result in shown:
-        if verbose or _has_details(result):
-            parts.append(Text(""))
-            parts.extend(_details(result, args, verbose))
+    body = _full(report, args) if verbose else _compact(report, args)
+    return group([*body, *_footer(report, args)])
+
+
+def _full(report: Report, user: UserOptions) -> list[RenderableType]:
+    """``--verbose``: one row per result, then every result's details, the live depth in full."""
+    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(list(report.results))]
+    for result in report.results:
+        parts.append(Text(""))
+        parts.extend(_details(result, user))
     parts.append(Text(""))
-    parts.extend(_live(report.live, verbose))
-    parts.extend(_footer(report, args))
-    return group(parts)
+    parts.extend(_live(report.live, True))
+    return parts
 
 
 def _compact(report: Report, user: UserOptions) -> list[RenderableType]:
@@ -117,18 +114,23 @@ def _in_focus(result: Result) -> bool:
 def _overview(results: list[Result], quiet: list[Result]) -> Rows:
     """One row per check without a finding: a pass with its title; a skip with why it does not
     apply, the checks skipped for the same reason in one row (``NPD002, NPD004  SKIP  ...``)."""
-    rows: list[tuple[list, str | Text]] = []
-    skipped: dict[tuple[str, str], list[str]] = {}
+    entries: list[Result | tuple[str, str]] = []  # a result, or the (reason, depth) of skips
+    skipped: dict[tuple[str, str], list[Result]] = {}
     for result in results:
-        if result.status is Status.SKIP:
-            key = (_skip_reason(result), result.depth.value)
-            if key not in skipped:
-                skipped[key] = []
-                rows.append(([skipped[key], _status(result), result.depth.value], key[0]))
-            skipped[key].append(result.id)
+        if result.status is not Status.SKIP:
+            entries.append(result)
+            continue
+        key = (_skip_reason(result), result.depth.value)
+        if key not in skipped:
+            entries.append(key)
+        skipped.setdefault(key, []).append(result)
+    rows: list[tuple[list, str | Text]] = []
+    for entry in entries:
+        if isinstance(entry, Result):
+            rows.append(([entry.id, _status(entry), entry.depth.value], entry.title))
         else:
-            rows.append(([result.id, _status(result), result.depth.value], result.title))
-    rows = [([", ".join(c[0]) if isinstance(c[0], list) else c[0], *c[1:]], tail) for c, tail in rows]
+            same = skipped[entry]
+            rows.append(([", ".join(r.id for r in same), _status(same[0]), entry[1]], entry[0]))
     if quiet:
         rows.append(_quiet_row(quiet))
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")],
@@ -293,10 +295,8 @@ def _quiet_record(result: Result) -> bool:
     )
 
 
-def _summary_rows(results: list[Result], quiet: list[Result]) -> Rows:
+def _summary_rows(results: list[Result]) -> Rows:
     rows = [([result.id, _status(result), result.depth.value], result.title) for result in results]
-    if quiet:
-        rows.append(_quiet_row(quiet))
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
     return Rows(rows, header=header, max_widths=(8,))
 
@@ -310,42 +310,17 @@ def _quiet_row(quiet: list[Result]) -> tuple[list, str]:
     )
 
 
-def _has_details(result: Result) -> bool:
-    """Compact report: findings, ignored results and results that carry a note."""
-    return (
-        result.status in (Status.FAIL, Status.WARN, Status.ERROR)
-        or result.ignored is not None
-        or bool(result.assumptions)
-    )
-
-
-def _skip_lines(results: list[Result]) -> Rows:
-    """``NPD002  SKIP  not a PD disaggregated deployment``: why each check does not apply, one line
-    each: its summary's first clause (what follows ``: `` explains it), cut to the width; ``--verbose``
-    and the JSON report say it all."""
-    return Rows([([result.id, _status(result)], _skip_reason(result)) for result in results], max_widths=(8,))
-
-
-# The compact report's evidence per result: the first pieces are the direct ones (a live observation
-# comes first); --verbose shows them all.
-EVIDENCE_SHOWN = 2
-
-
-def _details(result: Result, user: UserOptions, verbose: bool) -> list[RenderableType]:
+def _details(result: Result, user: UserOptions) -> list[RenderableType]:
+    """``--verbose``: a result in full: summary, error, notes, every piece of evidence, the fix
+    command, the release, the advice."""
     heading = Text.assemble((result.id, "bold"), " ", _status(result), "  ")
     parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
     if result.error:
         parts.append(Para(result.error, indent=INDENT, lead=Text("error: ", style="dim")))
     for note in result.assumptions:
         parts.append(Para(note, indent=INDENT, lead=Text("note: ", style="dim")))
-    if verbose or result.status not in (Status.PASS, Status.SKIP) or result.ignored is not None:
-        shown = result.evidence if verbose else result.evidence[:EVIDENCE_SHOWN]
-        for evidence in shown:
-            parts.extend(_evidence(evidence))
-        if len(result.evidence) > len(shown):
-            more = len(result.evidence) - len(shown)
-            parts.append(Para(Text(f"(and {more} more: --verbose shows every piece of evidence)", style="dim"),
-                              indent=INDENT))  # fmt: skip
+    for evidence in result.evidence:
+        parts.extend(_evidence(evidence))
     if result.ignored is not None:
         parts.append(
             Para(result.ignored or "(no reason given)", indent=INDENT, lead=Text("ignored: ", "dim"))
@@ -353,13 +328,14 @@ def _details(result: Result, user: UserOptions, verbose: bool) -> list[Renderabl
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            command = hint("fix", "--select", fix.fix_id, user=user)
-            parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
+            parts.append(
+                Whole(Text.assemble(("fix: ", "bold"), _fix_command([fix.fix_id], user)), indent=INDENT)
+            )
         if fix.fixed_in:
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
         elif fix.unfixed_as_of:
             parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
-        if fix.advice and (verbose or not fix.fix_id):  # the fix: line and release say it in short
+        if fix.advice:
             advice, command = command_of(fix.advice)
             parts.append(Para(advice, indent=INDENT))
             if command:  # a catalog workaround's launch command: to paste, whole
