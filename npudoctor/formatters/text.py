@@ -373,8 +373,8 @@ def _live(live: dict | None, verbose: bool) -> list[RenderableType]:
     )
     parts: list[RenderableType] = [
         Para(
-            f"live depth: sglang imported in {live['import_seconds']} s, peak RSS "
-            f"{live['peak_rss_mb']:.0f} MB ({live['import_rss_mb']:.0f} MB after the import){kept}"
+            f"live depth: sglang imported in {live['import_seconds']} s ({live['import_rss_mb']:.0f} MB), "
+            f"peak RSS {live['peak_rss_mb']:.0f} MB{kept}"
         )
     ]
     stood_in, not_run, fixes = live.get("stood_in") or {}, live.get("not_run") or {}, live.get("fixes") or {}
