@@ -162,6 +162,8 @@ LONG_SITE = "home/operator/venvs/sglang-0.5.12-serving/lib/python3.11/site-packa
 COMMANDS = {
     "check": "check --sglang-path {old} --config {deployment}",
     "check --verbose": "check --verbose --sglang-path {old} --config {deployment}",
+    # as the README types it, from the repository: the workaround names the YAML file so
+    "check, the README's --config": "check --sglang-path {old} --config examples/deepseek-v3-pd.yaml",
     "check, no deployment": "check --sglang-path {newest}",
     "check, launch command": "check --sglang-path {newest} -- python -m sglang.launch_server --model-path "
     "{model} --tp-size 4 --page-size 8",
@@ -190,6 +192,7 @@ def test_every_command_prints_clean_lines_and_whole_commands_at_80_columns(
         wheel = fetch_sglang._releases.find_wheel(fetch_sglang.cache_dir() / "wheels", version)
         os.link(wheel, paths["wheels"] / wheel.name)
     monkeypatch.setenv("NPUDOCTOR_SGLANG_CACHE", str(fetch_sglang.cache_dir()))
+    monkeypatch.chdir(REPO)
     if command in ("fix --status", "fix --revert"):  # a record of 0.5.12's fixes to read or remove
         assert cli(*COMMANDS["fix --apply"].format(**paths).split())[0] == 0
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
@@ -200,6 +203,8 @@ def test_every_command_prints_clean_lines_and_whole_commands_at_80_columns(
     assert [line for line in lines if line != line.rstrip()] == [], "trailing blanks"
     assert [line for line in lines if line and not line.strip()] == [], "a line of blanks only"
     assert "<br>" not in out
+    # a YAML key a workaround sets stays with its value (``server_args.pp_size: 1``)
+    assert [line for line in lines if re.search(r"\b(server_args|env)\.\w+:$", line)] == [], "a key apart"
     assert [line for line in lines if re.search(r"\bNP[CDP]\d{0,2}(?:\.\.\.|…)", line)] == [], (
         "an id cut short"
     )
