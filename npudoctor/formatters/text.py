@@ -96,12 +96,13 @@ def _compact(report: Report, user: UserOptions) -> list[RenderableType]:
         parts.append(Text(""))
         for result in focus:
             parts.extend(_finding(result))
+    # what the run cost and which results carry notes, together under the findings
+    after = _live(report.live, False)
     noted = [r.id for r in report.results if r.assumptions and r not in quiet]
     if noted and report.deployment.get("source", "none") != "none":  # else the header says what is assumed
-        parts += [Text(""), Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim"))]
-    live = _live(report.live, False)
-    if live:
-        parts += [Text(""), *live]
+        after.append(Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim")))
+    if after:
+        parts += [Text(""), *after]
     return parts
 
 
@@ -214,20 +215,20 @@ def _footer(report: Report, user: UserOptions) -> list[RenderableType]:
     remedies = [r.remediation for r in findings if r.remediation is not None]
     upgrade = next((fix.upgrade_to for fix in remedies if fix.upgrade_to), None)  # one for the deployment
     cured = [r.id for r in findings if r.remediation and r.remediation.upgrade_to]
-    if upgrade and len(cured) == len(findings):
-        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes all {len(findings)}"))
-    elif upgrade:
-        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes {', '.join(cured)}"))
+    worked = [
+        r.id for r in findings if r.remediation and r.remediation.workaround and not r.remediation.fix_id
+    ]
+    until = f" (workaround above: {', '.join(worked)})" if worked else ""
+    if upgrade:
+        which = f"all {len(findings)}" if len(cured) == len(findings) else ", ".join(cured)
+        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes {which}{until}"))
     unfixed: dict[str, list[str]] = {}  # by the newest release checked
     for r in findings:
         if r.remediation and r.remediation.unfixed_as_of:
             unfixed.setdefault(r.remediation.unfixed_as_of, []).append(r.id)
     for newest, ids in unfixed.items():
         parts.append(Para(f"not fixed upstream as of sglang {newest}: {', '.join(ids)}"))
-    worked = [
-        r.id for r in findings if r.remediation and r.remediation.workaround and not r.remediation.fix_id
-    ]
-    if worked:
+    if worked and not upgrade:
         parts.append(Para(f"workaround above for {', '.join(worked)}"))
     parts.append(Para(Text.assemble("full text of a finding: ", f"npudoctor explain {findings[0].id}")))
     return parts
