@@ -95,6 +95,12 @@ class Remediation:
     fixed_in: str | None = None  # the first later release where the property holds (npudoctor.target.history)
     advice: str = ""
     unfixed_as_of: str | None = None  # the newest release checked, when it still has the defect
+    # the one upgrade recommended: the first release from which every check of the deployment holds
+    # (``Check.remediation``), so that the report can say which release fixes all its findings
+    upgrade_to: str | None = None
+    # a catalog record's workaround, in the deployment's own form where one is known
+    # (``npudoctor.service.workarounds.with_workaround``): the compact report's one line of it
+    workaround: str = ""
 
 
 @dataclass(frozen=True)

@@ -223,8 +223,10 @@ def _print_plugin_note(console: Console, setting, unsafe: bool) -> None:
 
 
 def _report(as_json: bool, data: dict, text: str) -> None:
-    """``data`` as JSON, or ``text`` as a line."""
+    """``data`` as JSON, or ``text`` word-wrapped at spaces only (a path in it is never split)."""
     if as_json:
         output.write(json.dumps(data, indent=2) + "\n")
     else:
-        output.console().print(escape(text))
+        from npudoctor.formatters.layout import Para, print_whole
+
+        print_whole(output.console(), Para(text))

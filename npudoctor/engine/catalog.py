@@ -90,7 +90,7 @@ class Shape:
             else:
                 parts = (Fingerprint.from_data(item, spot),)
             alternatives.append(parts)
-        return cls(str(data.get("says", "")), tuple(alternatives))
+        return cls(str(data.get("says", "")).strip(), tuple(alternatives))  # a folded scalar ends in "\n"
 
     @property
     def symbols(self) -> list[str]:
@@ -161,6 +161,7 @@ class CatalogRecord(Check):
             remedy.get("fix"),
         )
         self.runtime_fix = self.remedy.fix is not None
+        self.workaround = self.remedy.workaround
         self.releases: dict[str, tuple[str, ...]] = {
             kind: tuple(str(v) for v in (data.get("releases") or {}).get(kind) or ()) for kind in RANGE_KINDS
         }

@@ -72,6 +72,7 @@ class Check:
     why: ClassVar[str] = ""  # why it matters to a deployment
     bites_when: ClassVar[str] = ""  # the conditions under which the defect shows
     how_to_fix: ClassVar[str] = ""  # what npudoctor offers; the upgrade advice comes from the history
+    workaround: ClassVar[str] = ""  # a catalog record's: flags or settings that avoid the defect
     # whether a release fixes it (npudoctor.target.history): a defect of sglang, not of the deployment's input
     upstream_history: ClassVar[bool] = True
     runtime_fix: ClassVar[bool] = True  # whether `npudoctor fix` has a fix of the same id to point at
@@ -158,7 +159,15 @@ class Check:
                 f"{deployment.newest_checked} holds every check of this deployment: {self.how_to_fix}"
             )
         unfixed = own.newest_checked if own.fixed_in is None else None
-        return Remediation(fix_id=self._fix_id, fixed_in=own.fixed_in, advice=advice, unfixed_as_of=unfixed)
+        upgrade = deployment.fixed_in if own.fixed_in is not None else None
+        return Remediation(
+            fix_id=self._fix_id,
+            fixed_in=own.fixed_in,
+            advice=advice,
+            unfixed_as_of=unfixed,
+            upgrade_to=upgrade,
+            workaround=self.workaround,
+        )
 
     def _live_probe(self, depth: str, live: LiveOutcome | None) -> tuple[Probe | None, str]:
         if depth == "static" or not self.has_live:

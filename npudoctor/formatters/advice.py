@@ -16,13 +16,14 @@ import json
 import xml.etree.ElementTree as ET
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from npudoctor.formatters import FORMATS as FORMATS  # advise renders every format check does
 from npudoctor.formatters import github, junit, markdown, sarif
+from npudoctor.formatters.layout import Rows, Trimmed
 from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
@@ -73,8 +74,76 @@ def catalog_cell(row: Row, records: list[str]) -> tuple[Status | None, list[str]
 
 
 # ----- text -----------------------------------------------------------------------------
+class Matrix:
+    """The release x check matrix where it fits the width (no vertical rules and no edges: seven
+    checks, the catalog and the marks fit 80 columns); where it does not (more checks, ``--select
+    NPP``; long release labels), one line per release naming the checks that are not pass or skip,
+    so that no header is cut to ``NPD0...``. No line ends in blanks."""
+
+    def __init__(self, advice: Advice) -> None:
+        self.advice = advice
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = _table(self.advice)
+        if console.measure(table, options=options.update(width=1 << 16)).maximum <= options.max_width:
+            yield Trimmed(table)
+        else:
+            yield _release_rows(self.advice)
+
+
+def _release_rows(advice: Advice) -> Rows:
+    checks, records = _columns(advice)
+    rows = []
+    for row in advice.rows:
+        said, counts = [], {}
+        for check_id in checks:
+            status = cell(row, check_id)
+            if status is not None and status.severity:
+                said.append(f"{check_id} {_SHORT[status]}")
+            elif status is not None:
+                counts[status.value] = counts.get(status.value, 0) + 1
+        worst, which = catalog_cell(row, records) if records else (None, [])
+        if which:
+            said.append(f"{', '.join(which)} {_SHORT[worst]}")
+        others = [f"{n} {status}" for status, n in counts.items()]
+        if records and worst is not None and not which:
+            others.append("catalog ok")
+        said.append(", ".join(others))
+        marks = ", ".join(_marks(advice, row))
+        rows.append(([row.subject.label], "; ".join(s for s in said if s) + (f" ({marks})" if marks else "")))
+    header = ([Text("sglang", "bold")], Text("checks that are not pass or skip; the others counted", "bold"))
+    return Rows(rows, header=header, wrap=True)
+
+
+def _marks(advice: Advice, row: Row) -> list[str]:
+    marks = []
+    if row.subject.installed:
+        marks.append("installed")
+    if row.subject.label == advice.recommendation.baseline and not row.subject.installed:
+        marks.append("baseline")
+    if row.error is not None:
+        marks.append("not checked")
+    elif row.subject.label == advice.recommendation.earliest_clean:
+        marks.append("earliest clean")
+    return marks
+
+
 def renderable(advice: Advice) -> RenderableType:
-    # no vertical rules and no edges: seven checks, the catalog and the marks fit 80 columns
+    parts: list[RenderableType] = [
+        Text(f"npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", style="bold"),
+        Matrix(advice),
+    ]
+    unchecked = [row for row in advice.rows if row.error is not None]
+    if unchecked:
+        parts.append(Text("Not checked:", style="bold"))
+        parts.extend(Text(f"  {row.subject.label}: {row.error}") for row in unchecked)
+    for note in advice.notes:
+        parts.append(Text(f"note: {note}"))
+    parts.append(Text("Recommendation:", style="bold"))
+    return Group(*parts)
+
+
+def _table(advice: Advice) -> Table:
     checks, records = _columns(advice)
     table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
     table.add_column("sglang", no_wrap=True)
@@ -98,28 +167,8 @@ def renderable(advice: Advice) -> RenderableType:
                 )
             )
             cells.append(text if worst is None else f"[{STYLE[worst]}]{escape(text)}[/]")
-        marks = []
-        if row.subject.installed:
-            marks.append("installed")
-        if row.subject.label == advice.recommendation.baseline and not row.subject.installed:
-            marks.append("baseline")
-        if row.error is not None:
-            marks.append("not checked")
-        elif row.subject.label == advice.recommendation.earliest_clean:
-            marks.append("earliest clean")
-        table.add_row(escape(row.subject.label), *cells, ", ".join(marks))
-    parts: list[RenderableType] = [
-        Text(f"npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", style="bold"),
-        table,
-    ]
-    unchecked = [row for row in advice.rows if row.error is not None]
-    if unchecked:
-        parts.append(Text("Not checked:", style="bold"))
-        parts.extend(Text(f"  {row.subject.label}: {row.error}") for row in unchecked)
-    for note in advice.notes:
-        parts.append(Text(f"note: {note}"))
-    parts.append(Text("Recommendation:", style="bold"))
-    return Group(*parts)
+        table.add_row(escape(row.subject.label), *cells, ", ".join(_marks(advice, row)))
+    return table
 
 
 def print_text(advice: Advice, console: Console) -> None:

@@ -9,6 +9,10 @@ whole and can be copied or grepped.
   on a line of its own.
 - ``Rows``: one line per item, fixed columns and then a tail that is ellipsized (``wrap=False``)
   or wrapped under its column (``wrap=True``).
+- ``Gist``: one line: a part kept whole (a ``path:line``) and then the rest, ellipsized to the width.
+
+No line ends in blanks and none is blanks only: a copied line, a diff of two logs and a grep see
+the text alone.
 
 A line longer than the console (a path wider than the terminal) must not be cut at the width
 when printed: print these with ``console.print(..., crop=False)`` (``print_whole``), or wrap the
@@ -39,10 +43,11 @@ def _text(value: str | Text, style: str = "") -> Text:
 
 
 def _line(*parts: str | Text) -> Text:
-    """One output line: never re-wrapped, never cropped by the text itself."""
+    """One output line: never re-wrapped, never cropped by the text itself, no blanks at its end."""
     line = Text(no_wrap=True, overflow="ignore", end="\n")
     for part in parts:
         line.append_text(_text(part))
+    line.rstrip()
     return line
 
 
@@ -50,7 +55,9 @@ def wrap_words(text: str | Text, width: int) -> list[Text]:
     """``text`` word-wrapped at ``width`` cells, at spaces only: a word wider than ``width`` stays
     whole (never folded), alone on its line. Explicit newlines are kept."""
     lines: list[Text] = []
-    for line in _text(text).split("\n", allow_blank=True):
+    text = _text(text)
+    text.rstrip()  # a folded YAML scalar's closing newline is no line of its own
+    for line in text.split("\n", allow_blank=True):
         plain, offsets, start = line.plain, [], 0
         for word in _WORD.finditer(plain):
             if word.start() > start and cell_len(plain[start : word.end()].rstrip()) > width:
@@ -62,7 +69,9 @@ def wrap_words(text: str | Text, width: int) -> list[Text]:
     return lines or [Text()]
 
 
-_WORD = re.compile(r"\S+\s*")
+# a word, and its trailing blanks; a YAML key a workaround sets and its value are one word
+# (``server_args.pp_size: 1``, ``env.ASCEND_USE_FIA: 0``: ``npudoctor.service.workarounds``)
+_WORD = re.compile(r"(?:\b(?:server_args|env)\.\w+: (?=\S))?\S+\s*")
 
 
 @dataclass
@@ -160,16 +169,45 @@ class Rows:
                 yield _line(prefix if number == 0 else " " * prefix.cell_len, line)
 
 
+@dataclass
+class Gist:
+    """One line: ``whole`` (a location, never cut) and then ``rest`` ellipsized to the width; the rest
+    is left out when too little room is left for it to say anything."""
+
+    whole: str | Text
+    rest: str | Text = ""
+    indent: int = 0
+    min_rest: int = 16
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        head = Text(" " * self.indent)
+        head.append_text(_text(self.whole))
+        rest = _text(" ".join(self.rest.split()) if isinstance(self.rest, str) else self.rest)
+        room = options.max_width - head.cell_len
+        if rest.plain.strip() and room >= self.min_rest:
+            said = ellipsize(rest, room, whole_words=True)
+            if said.plain.removesuffix(ELLIPSIS).strip(" :;,-"):  # a word of it at least
+                head.append_text(said)
+        yield _line(head)
+
+
 def _fits(cell: str | Text, cap: int) -> bool:
     return _text(cell).cell_len <= cap
 
 
-def ellipsize(text: Text, width: int) -> Text:
-    """``text`` cut to ``width`` cells with an ASCII ellipsis when longer (one line)."""
+def ellipsize(text: Text, width: int, whole_words: bool = False) -> Text:
+    """``text`` cut to ``width`` cells with an ASCII ellipsis when longer (one line), after its last
+    whole word that fits (a path or a name is left out, not cut), or mid-word when not even its
+    first word fits; ``whole_words``: then nothing at all."""
     text = _text(text)
     if text.cell_len <= width:
         return text
-    text.truncate(max(width - len(ELLIPSIS), 0), overflow="crop")
+    room = max(width - len(ELLIPSIS), 0)
+    fits = text.plain[: room + 1]
+    end = fits.rstrip().rfind(" ") if not fits[room:].isspace() else room
+    if end <= 0 and whole_words:
+        return Text()
+    text.truncate(end if end > 0 else room, overflow="crop")
     text.rstrip()
     text.append(ELLIPSIS, style="dim")
     return text

@@ -73,9 +73,10 @@ def _text(value: object) -> str:
 
 
 def cell(value: object) -> str:
-    """Text safe inside one table cell: ``|`` escaped, line breaks as ``<br>``."""
-    text = _text(value).replace("|", "\\|")
-    return "<br>".join(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    """Text safe inside one table cell: ``|`` escaped, a line break within the text as ``<br>``
+    (none at its ends: a folded YAML scalar's closing newline is no line)."""
+    text = _text(value).replace("|", "\\|").replace("\r\n", "\n").replace("\r", "\n").strip()
+    return "<br>".join(line.rstrip() for line in text.split("\n"))
 
 
 def _inline(value: object) -> str:

@@ -1,12 +1,17 @@
 """Human-readable report of ``npudoctor check``, for a terminal, a pipe or a CI log (80 columns).
 
-Compact by default: a short header (npudoctor and sglang versions, the tree's path, the
-deployment), one line per check (id, status, depth, title), then the details of every finding
-(fail, warn, error), of every ignored result and of every pass or skip that carries a note (an
-assumption, e.g. "no deployment given: assumed ..." or a live probe's caveat): its summary,
-notes, evidence (``- path:line (symbol)``, expected, observed) and the fix to run. Then the
-live depth's cost and the closing counts. ``verbose`` gives every result's details and the
-live depth's full statistics.
+Compact by default, to fit one screen (a deployment with four findings in 40 rows of 80 columns):
+a short header (npudoctor and sglang versions, the tree's path, the deployment); one line per
+check without a finding (id, status, depth, and its title, or for a skip why it does not apply,
+checks skipped for the same reason on one line; the catalog records that pass or cannot bite
+folded into one line); then each finding (fail, warn, error) and each ignored result in a few
+lines: ``ID STATUS  title``, its most telling piece of evidence on one line (``path:line:
+observed``), and what cures it on one line (the runtime fix, the release that fixes it, the
+workaround in the deployment's own form). The report ends the way ruff's does, so that the last
+screen says what to do (``_footer``): the verdict, the one ``npudoctor fix`` command for every
+runtime fix, the release that fixes every finding (or what no release fixes), and ``npudoctor
+explain ID`` for the full text. ``verbose`` gives every result's details (summary, notes, every
+piece of evidence, the advice in full) and the live depth's full statistics, then the same end.
 
 Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
 or the ``npudoctor fix`` command stays whole, on a line of its own when it must. A catalog
@@ -21,7 +26,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
-from npudoctor.formatters.layout import Labelled, Para, Rows, Uncropped, Whole, group, print_whole
+from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
 from npudoctor.service.planning import UserOptions, fix_hint
 from npudoctor.service.workarounds import command_of
@@ -63,20 +68,178 @@ def print_report(
 
 def _parts(report: Report, verbose: bool, user: UserOptions | None) -> RenderableType:
     args = user if user is not None else UserOptions.of_report(report)
-    quiet = [] if verbose else [r for r in report.results if _quiet_record(r)]
-    shown = [r for r in report.results if r not in quiet]
-    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(shown, quiet)]
-    skipped = [r for r in shown if r.status is Status.SKIP and not (verbose or _has_details(r))]
-    if skipped:  # why each does not apply, one line each (--verbose: in full, with the details)
-        parts += [Text(""), _skip_lines(skipped)]
-    for result in shown:
-        if verbose or _has_details(result):
-            parts.append(Text(""))
-            parts.extend(_details(result, args, verbose))
+    body = _full(report, args) if verbose else _compact(report, args)
+    return group([*body, *_footer(report, args)])
+
+
+def _full(report: Report, user: UserOptions) -> list[RenderableType]:
+    """``--verbose``: one row per result, then every result's details, the live depth in full."""
+    parts: list[RenderableType] = [*_header(report), Text(""), _summary_rows(list(report.results))]
+    for result in report.results:
+        parts.append(Text(""))
+        parts.extend(_details(result, user))
     parts.append(Text(""))
-    parts.extend(_live(report.live, verbose))
-    parts.append(Para(_closing(report)))
-    return group(parts)
+    parts.extend(_live(report.live, True))
+    return parts
+
+
+def _compact(report: Report, user: UserOptions) -> list[RenderableType]:
+    """The default report: the checks without a finding one line each, then each finding in a few
+    lines (``_finding``)."""
+    focus = [r for r in report.results if _in_focus(r)]
+    quiet = [r for r in report.results if _quiet_record(r)]
+    listed = [r for r in report.results if r not in focus and r not in quiet]
+    parts: list[RenderableType] = [*_header(report)]
+    if listed or quiet:
+        parts += [Text(""), _overview(listed, quiet)]
+    if focus:
+        parts.append(Text(""))
+        for result in focus:
+            parts.extend(_finding(result))
+    # what the run cost and which results carry notes, together under the findings
+    after = _live(report.live, False)
+    noted = [r.id for r in report.results if r.assumptions and r not in quiet]
+    if noted and report.deployment.get("source", "none") != "none":  # else the header says what is assumed
+        after.append(Para(", ".join(noted), lead=Text("notes (--verbose shows them): ", style="dim")))
+    if after:
+        parts += [Text(""), *after]
+    return parts
+
+
+def _in_focus(result: Result) -> bool:
+    """A result the compact report details: a finding, a warning or error, or one an ignore entry
+    accepted (the report says why)."""
+    return result.status in (Status.FAIL, Status.WARN, Status.ERROR) or result.ignored is not None
+
+
+def _overview(results: list[Result], quiet: list[Result]) -> Rows:
+    """One row per check without a finding: a pass with its title; a skip with why it does not
+    apply, the checks skipped for the same reason in one row (``NPD002, NPD004  SKIP  ...``)."""
+    entries: list[Result | tuple[str, str]] = []  # a result, or the (reason, depth) of skips
+    skipped: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        if result.status is not Status.SKIP:
+            entries.append(result)
+            continue
+        key = (_skip_reason(result), result.depth.value)
+        if key not in skipped:
+            entries.append(key)
+        skipped.setdefault(key, []).append(result)
+    rows: list[tuple[list, str | Text]] = []
+    for entry in entries:
+        if isinstance(entry, Result):
+            rows.append(([entry.id, _status(entry), entry.depth.value], entry.title))
+        else:
+            same = skipped[entry]
+            rows.append(([", ".join(r.id for r in same), _status(same[0]), entry[1]], entry[0]))
+    if quiet:
+        rows.append(_quiet_row(quiet))
+    header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")],
+              Text("title (SKIP: why not)", "bold"))  # fmt: skip
+    return Rows(rows, header=header, max_widths=(8,))
+
+
+def _skip_reason(result: Result) -> str:
+    """Why a check does not apply, short: its summary's first clause (what follows ``: `` explains
+    it); ``--verbose`` and the JSON report say it all."""
+    return result.summary.split(": ", 1)[0]
+
+
+def _finding(result: Result) -> list[RenderableType]:
+    """A finding in a few lines: status, id and title; the most telling piece of evidence; what
+    cures it."""
+    heading = Text.assemble((result.id, "bold"), " ", _status(result), *_impact(result), "  ")
+    parts: list[RenderableType] = [Gist(heading, result.title)]
+    evidence = result.evidence[0] if result.evidence else None
+    if result.error:
+        parts.append(Gist(Text("error: ", style="dim"), result.error, indent=INDENT))
+    elif evidence is not None and evidence.location is not None:
+        where = Text(f"{evidence.location.path}:{evidence.location.line}", style="cyan")
+        parts.append(Gist(where, ": " + (evidence.observed or evidence.expected), indent=INDENT))
+    elif evidence is not None:
+        said = ("observed: ", evidence.observed) if evidence.observed else ("expected: ", evidence.expected)
+        parts.append(Gist(Text(said[0], style="dim"), said[1], indent=INDENT))
+    else:
+        parts.append(Gist("", result.summary, indent=INDENT))
+    if result.ignored is not None:
+        parts.append(
+            Gist(Text("ignored: ", style="dim"), result.ignored or "(no reason given)", indent=INDENT)
+        )
+    parts.extend(_cure(result))
+    return parts
+
+
+def _cure(result: Result) -> list[RenderableType]:
+    """What cures a finding, on one line: the runtime fix (its command ends the report), the release
+    that fixes it upstream, a catalog record's workaround in the deployment's form (a launch
+    command whole on its own line); else the advice."""
+    fix = result.remediation
+    if fix is None:
+        return []
+    said = []
+    if fix.fix_id:
+        said.append(f"runtime fix {fix.fix_id} (command below)")
+    if fix.fixed_in:
+        said.append(f"fixed upstream in sglang {fix.fixed_in}")
+    elif fix.unfixed_as_of:
+        said.append(f"not fixed upstream as of sglang {fix.unfixed_as_of}")
+    command = ""
+    if fix.workaround and not fix.fix_id:
+        workaround, command = command_of(fix.workaround)
+        said.append(f"workaround: {workaround}")
+    if not said:
+        advice, command = command_of(fix.advice)
+        said.append(advice)
+    parts: list[RenderableType] = [Para("; ".join(said), indent=INDENT)]
+    if command:  # a catalog workaround's launch command: to paste, whole
+        parts.append(Whole(command, indent=INDENT))
+    return parts
+
+
+def _footer(report: Report, user: UserOptions) -> list[RenderableType]:
+    """The end of the report, as ruff ends its own: the verdict; the findings a runtime fix cures and
+    the one command for all of them; the release that fixes every finding (or which none fixes);
+    the findings left to a workaround; where the full text is."""
+    findings = report.findings()
+    parts: list[RenderableType] = [Text(""), Para(_closing(report))]
+    if not findings:
+        return parts
+    fix_ids = list(
+        dict.fromkeys(r.remediation.fix_id for r in findings if r.remediation and r.remediation.fix_id)
+    )
+    if fix_ids:
+        parts.append(
+            Para(f"{len(fix_ids)} fixable at run time ({', '.join(fix_ids)}); the plan, then --apply:")
+        )
+        parts.append(Whole(fix_hint(fix_ids, user), indent=INDENT))
+    remedies = [r.remediation for r in findings if r.remediation is not None]
+    upgrade = next((fix.upgrade_to for fix in remedies if fix.upgrade_to), None)  # one for the deployment
+    cured = [r.id for r in findings if r.remediation and r.remediation.upgrade_to]
+    worked = [
+        r.id for r in findings if r.remediation and r.remediation.workaround and not r.remediation.fix_id
+    ]
+    until = f" (workaround above: {', '.join(worked)})" if worked else ""
+    if upgrade:
+        which = f"all {len(findings)}" if len(cured) == len(findings) else ", ".join(cured)
+        parts.append(Para(f"upgrade: sglang {upgrade} or later fixes {which}{until}"))
+    unfixed: dict[str, list[str]] = {}  # by the newest release checked
+    for r in findings:
+        if r.remediation and r.remediation.unfixed_as_of:
+            unfixed.setdefault(r.remediation.unfixed_as_of, []).append(r.id)
+    for newest, ids in unfixed.items():
+        parts.append(Para(f"not fixed upstream as of sglang {newest}: {', '.join(ids)}"))
+    if worked and not upgrade:
+        parts.append(Para(f"workaround above for {', '.join(worked)}"))
+    parts.append(Para(Text.assemble("full text of a finding: ", f"npudoctor explain {findings[0].id}")))
+    return parts
+
+
+def _impact(result: Result) -> tuple:
+    """`` leak`` after a finding's status: what the defect does (crash, wrong output, leak,
+    performance), which decides whether the gate fails on it."""
+    if result.impact and result.status in (Status.FAIL, Status.WARN):
+        return (" ", (result.impact, "dim"))
+    return ()
 
 
 def _header(report: Report) -> list[RenderableType]:
@@ -131,61 +294,32 @@ def _quiet_record(result: Result) -> bool:
     )
 
 
-def _summary_rows(results: list[Result], quiet: list[Result]) -> Rows:
+def _summary_rows(results: list[Result]) -> Rows:
     rows = [([result.id, _status(result), result.depth.value], result.title) for result in results]
-    if quiet:
-        counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
-        said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-        rows.append(
-            (
-                [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
-                f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
-            )
-        )
     header = ([Text("check", "bold"), Text("status", "bold"), Text("depth", "bold")], Text("title", "bold"))
     return Rows(rows, header=header, max_widths=(8,))
 
 
-def _has_details(result: Result) -> bool:
-    """Compact report: findings, ignored results and results that carry a note."""
+def _quiet_row(quiet: list[Result]) -> tuple[list, str]:
+    counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
+    said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     return (
-        result.status in (Status.FAIL, Status.WARN, Status.ERROR)
-        or result.ignored is not None
-        or bool(result.assumptions)
+        [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
+        f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
     )
 
 
-def _skip_lines(results: list[Result]) -> Rows:
-    """``NPD002  SKIP  not a PD disaggregated deployment``: why each check does not apply, one line
-    each: its summary's first clause (what follows ``: `` explains it), cut to the width; ``--verbose``
-    and the JSON report say it all."""
-    return Rows([([result.id, _status(result)], result.summary.split(": ", 1)[0]) for result in results],
-                max_widths=(8,))  # fmt: skip
-
-
-# The compact report's evidence per result: the first pieces are the direct ones (a live observation
-# comes first); --verbose shows them all.
-EVIDENCE_SHOWN = 2
-
-
-def _details(result: Result, user: UserOptions, verbose: bool) -> list[RenderableType]:
-    impact = (
-        (" ", (result.impact, "dim")) if result.impact and result.status in (Status.FAIL, Status.WARN) else ""
-    )
-    heading = Text.assemble((result.id, "bold"), " ", _status(result), *impact, "  ")
+def _details(result: Result, user: UserOptions) -> list[RenderableType]:
+    """``--verbose``: a result in full: summary, error, notes, every piece of evidence, the fix
+    command, the release, the advice."""
+    heading = Text.assemble((result.id, "bold"), " ", _status(result), *_impact(result), "  ")
     parts: list[RenderableType] = [Para(result.summary, lead=heading, max_hang=22)]
     if result.error:
         parts.append(Para(result.error, indent=INDENT, lead=Text("error: ", style="dim")))
     for note in result.assumptions:
         parts.append(Para(note, indent=INDENT, lead=Text("note: ", style="dim")))
-    if verbose or result.status not in (Status.PASS, Status.SKIP) or result.ignored is not None:
-        shown = result.evidence if verbose else result.evidence[:EVIDENCE_SHOWN]
-        for evidence in shown:
-            parts.extend(_evidence(evidence))
-        if len(result.evidence) > len(shown):
-            more = len(result.evidence) - len(shown)
-            parts.append(Para(Text(f"(and {more} more: --verbose shows every piece of evidence)", style="dim"),
-                              indent=INDENT))  # fmt: skip
+    for evidence in result.evidence:
+        parts.extend(_evidence(evidence))
     if result.ignored is not None:
         parts.append(
             Para(result.ignored or "(no reason given)", indent=INDENT, lead=Text("ignored: ", "dim"))
@@ -193,13 +327,12 @@ def _details(result: Result, user: UserOptions, verbose: bool) -> list[Renderabl
     fix = result.remediation
     if fix is not None:
         if fix.fix_id:
-            command = fix_hint(fix.fix_id, user)
-            parts.append(Whole(Text.assemble(("fix: ", "bold"), command), indent=INDENT))
+            parts.append(Whole(Text.assemble(("fix: ", "bold"), fix_hint(fix.fix_id, user)), indent=INDENT))
         if fix.fixed_in:
             parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
         elif fix.unfixed_as_of:
             parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
-        if fix.advice and (verbose or not fix.fix_id):  # the fix: line and release say it in short
+        if fix.advice:
             advice, command = command_of(fix.advice)
             parts.append(Para(advice, indent=INDENT))
             if command:  # a catalog workaround's launch command: to paste, whole
@@ -240,8 +373,8 @@ def _live(live: dict | None, verbose: bool) -> list[RenderableType]:
     )
     parts: list[RenderableType] = [
         Para(
-            f"live depth: sglang imported in {live['import_seconds']} s, peak RSS "
-            f"{live['peak_rss_mb']:.0f} MB ({live['import_rss_mb']:.0f} MB after the import){kept}"
+            f"live depth: sglang imported in {live['import_seconds']} s ({live['import_rss_mb']:.0f} MB), "
+            f"peak RSS {live['peak_rss_mb']:.0f} MB{kept}"
         )
     ]
     stood_in, not_run, fixes = live.get("stood_in") or {}, live.get("not_run") or {}, live.get("fixes") or {}

@@ -681,12 +681,13 @@ class UserOptions:
         return cls(target=tuple(target), deployment=tuple(deployment), depth=depth)
 
 
-def fix_hint(fix_id: str, user: UserOptions | None = None) -> str:
-    """A finding's fix as a command (``npudoctor fix --select ID``, the plan for that fix), with
-    ``--unsafe`` where the fix changes running code: pasted, the plan marks it apply, never "refused"
-    for the flag the hint left out."""
-    unsafe = any(f.id == fix_id and f.safety is Safety.UNSAFE for f in all_fixes())
-    return hint("fix", "--select", fix_id, *(["--unsafe"] if unsafe else []), user=user)
+def fix_hint(fix_ids: str | Sequence[str], user: UserOptions | None = None) -> str:
+    """A finding's fix, or the fixes of all a report's findings, as one command (``npudoctor fix
+    --select ID[,ID]``, the plan for them), with ``--unsafe`` where a fix changes running code:
+    pasted, the plan marks it apply, never "refused" for the flag the hint left out."""
+    ids = [fix_ids] if isinstance(fix_ids, str) else list(fix_ids)
+    unsafe = any(f.id in ids and f.safety is Safety.UNSAFE for f in all_fixes())
+    return hint("fix", "--select", ",".join(ids), *(["--unsafe"] if unsafe else []), user=user)
 
 
 def hint(command: str, *own: str, user: UserOptions | None = None, deployment: bool = True) -> str:

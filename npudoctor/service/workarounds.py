@@ -103,7 +103,8 @@ def with_workaround(result: Result, record, config: str | None, launch_command: 
         return result
     text = workaround_text(remedy.flags, remedy.env, result.roles, config, launch_command)
     advice = f"{result.remediation.advice}; {text}"
-    return dataclasses.replace(result, remediation=dataclasses.replace(result.remediation, advice=advice))
+    remediation = dataclasses.replace(result.remediation, advice=advice, workaround=text)
+    return dataclasses.replace(result, remediation=remediation)
 
 
 def _text(value) -> str:

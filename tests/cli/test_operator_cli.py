@@ -218,7 +218,7 @@ def test_the_check_reports_fix_hint_repeats_the_users_flags(cli, release):
     tree = release("0.5.12")
     code, out, err = cli("check", "--sglang-path", tree, "--config", DEEPSEEK_PD)
     assert code == 1, err
-    assert f"npudoctor fix --select NPD001 --sglang-path {tree} --config {DEEPSEEK_PD}" in out
+    assert f"npudoctor fix --select NPD001,NPD006 --sglang-path {tree} --config {DEEPSEEK_PD}" in out
 
 
 # -- where fix --apply records, and what --status says next ----------------------------------------

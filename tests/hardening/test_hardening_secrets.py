@@ -550,9 +550,9 @@ def test_a_command_to_paste_holds_the_value_with_its_controls(cli, release):
     code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--model-path", MODEL,
                          "--disaggregation-mode", "decode", "--env", env)  # fmt: skip
     assert code == 1, err
-    line = next(line for line in out.splitlines() if line.strip().startswith("fix: npudoctor fix"))
+    line = next(line for line in out.splitlines() if line.strip().startswith("npudoctor fix --select"))
     assert_no_raw_controls(line)
-    pasted = line.strip().removeprefix("fix: ")
+    pasted = line.strip()
     words = (
         subprocess.run(
             ["bash", "-c", f'for word in {pasted}; do printf "%s\\0" "$word"; done'], capture_output=True
@@ -632,8 +632,8 @@ def test_a_command_to_paste_refers_to_a_secret_it_does_not_show(cli, release):
     code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--", *command)
     assert code == 1, err
     assert_clean(out, err)
-    line = next(line for line in out.splitlines() if line.strip().startswith("fix: npudoctor fix"))
-    pasted = line.strip().removeprefix("fix: ")
+    line = next(line for line in out.splitlines() if line.strip().startswith("npudoctor fix --select"))
+    pasted = line.strip()
     assert "'***'" not in pasted and REDACTED not in pasted, pasted
     refused = pasted_words(pasted, {})
     assert refused.returncode != 0 and refused.stdout == b"", refused  # unset: the shell runs nothing
