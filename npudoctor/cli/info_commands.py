@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
@@ -125,6 +126,7 @@ def env_command(
         toolenv.prepare(output.say)
         return
     output.require_stdout()
+    from npudoctor.formatters.layout import Para, print_whole
     from npudoctor.live import toolenv
 
     data = inventory(toolenv.describe())
@@ -136,8 +138,9 @@ def env_command(
     for key, value in data.items():
         if key == "live-depth":
             value = _live_depth_line(value)
-        if key != "environment":  # one line each, never folded: a long interpreter path stays whole
-            console.print(f"[bold]{key:<{width}}[/]  {escape(str(value))}", soft_wrap=True)
+        if key != "environment":  # word-wrapped under its value's column: a path is never split
+            lead = Text(f"{key:<{width}}  ", style="bold")
+            print_whole(console, Para(str(value), lead=lead, max_hang=width + 2))
     if not data["live-depth"]["runs"]:  # the one hint: the command that makes it run
         console.print(
             f"[bold]{'prepare':<{width}}[/]  {escape(data['live-depth']['prepare'])}", soft_wrap=True

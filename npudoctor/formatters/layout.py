@@ -169,6 +169,9 @@ class Rows:
                 yield _line(prefix if number == 0 else " " * prefix.cell_len, line)
 
 
+_BLANKS = re.compile(r"[ \t\n]+")
+
+
 @dataclass
 class Gist:
     """One line: ``whole`` (a location, never cut) and then ``rest`` ellipsized to the width; the rest
@@ -182,7 +185,9 @@ class Gist:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         head = Text(" " * self.indent)
         head.append_text(_text(self.whole))
-        rest = _text(" ".join(self.rest.split()) if isinstance(self.rest, str) else self.rest)
+        # runs of blanks and newlines become one space; any other control character (a CR, say) is
+        # left for the console to show escaped, never turned into a blank that hides it
+        rest = _text(_BLANKS.sub(" ", self.rest).strip() if isinstance(self.rest, str) else self.rest)
         room = options.max_width - head.cell_len
         if rest.plain.strip() and room >= self.min_rest:
             said = ellipsize(rest, room, whole_words=True)

@@ -22,12 +22,25 @@ from pathlib import Path
 from support.repo import EXAMPLES
 
 
+def entry(lines: list[str], key: str) -> str:
+    """The value of ``key`` in ``env``'s text: word-wrapped under its column at the terminal's width
+    (a path is never split), read back as one line."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{key} "))
+    column = len(lines[start]) - len(lines[start].split(None, 1)[1])
+    words = [lines[start][column:]]
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * column) or not line.strip():
+            break
+        words.append(line.strip())
+    return " ".join(words)
+
+
 def test_env_says_the_live_depth_runs_here(cli, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no npudoctor on it: the command names this interpreter
     code, out, _ = cli("env")
     assert code == 0
-    line = next(line for line in out.splitlines() if line.startswith("live-depth "))
-    assert line.split(None, 1)[1] == f"runs in {sys.executable}: every live requirement is installed", line
+    line = entry(out.splitlines(), "live-depth")
+    assert line == f"runs in {sys.executable}: every live requirement is installed", line
     code, out, _ = cli("env", "-f", "json")
     live = json.loads(out)["live-depth"]
     assert (live["runs"], live["uses"], live["missing"], live["reason"]) == (True, "host", [], None), live
@@ -95,8 +108,8 @@ def test_env_names_what_a_minimal_install_lacks(tmp_path):
     assert live["live-env"] in live["reason"] and live["live-env-state"] == "not prepared", live
     assert shlex.split(live["prepare"]) == [sys.executable, "-m", "npudoctor", "env", "--prepare"], live
     lines = runs[0].stdout.splitlines()
-    line = next(line for line in lines if line.startswith("live-depth "))
-    assert line.split(None, 1)[1] == f"does not run: {live['reason']}", line
+    line = entry(lines, "live-depth")
+    assert line == f"does not run: {live['reason']}", line
     assert next(line for line in lines if line.startswith("prepare ")).split(None, 1)[1] == live["prepare"]
 
 

@@ -17,11 +17,13 @@ DEEPSEEK_V3 = EXAMPLES / "deepseek-v3-pd.yaml"
 DEEPSEEK_V32 = EXAMPLES / "deepseek-v3.2-pd.yaml"
 
 
-def plan_of(cli, tree, config) -> dict:
+def plan_of(cli, tree, config, exit_code: int = 0) -> dict:
+    """NPD006's entry of the plan ``fix`` prints; ``exit_code`` 1 where the fix is refused and the
+    check fails (the defect stays)."""
     code, out, err = cli(
         "fix", "--format", "json", "--select", "NPD006", "--sglang-path", tree, "--config", config
     )
-    assert code == 0, err
+    assert code == exit_code, err
     (entry,) = json.loads(out)["plan"]
     return entry
 
@@ -52,7 +54,7 @@ def test_another_shape_is_refused_with_the_sites_that_differ(cli, release, overl
         "                kv_args.total_kv_layers = total_kv_layers\n"
         "                append_state_component(kv_args, StateType.NSA, data_ptrs, data_lens, item_lens)\n",
     )
-    entry = plan_of(cli, tree, DEEPSEEK_V3)
+    entry = plan_of(cli, tree, DEEPSEEK_V3, exit_code=1)
     reason = entry["reason"]
     assert entry["action"] == "refused" and "not a shape this fix was written for" in reason, entry
     assert "sglang.srt.disaggregation.utils:setup_state_kv_args (" in reason
