@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -171,13 +172,13 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
             pool = ProcessPoolExecutor(
                 max_workers=jobs,
                 mp_context=interpreters.spawn_context(),
-                initializer=interpreters.die_with_parent,  # a worker must not outlive npudoctor
+                initializer=worker_started,  # a worker must not outlive npudoctor
                 initargs=(os.getpid(),),
             )
         else:
             pool = ThreadPoolExecutor(max_workers=jobs)
         try:
-            with _ctrl_c_spared(isinstance(pool, ProcessPoolExecutor)):  # the workers start here
+            with workers_starting(isinstance(pool, ProcessPoolExecutor)):  # the workers start here
                 futures = [
                     pool.submit(_check, *item)
                     if isinstance(pool, ProcessPoolExecutor)
@@ -202,23 +203,38 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
     )
 
 
+# npudoctor's stop signals: Ctrl-C, kill, a closed terminal
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
-def _ctrl_c_spared(processes: bool) -> Iterator[None]:
-    """Worker processes started in this block ignore Ctrl-C (SIGINT), which a terminal sends to every
-    process of the command: each would otherwise print a traceback. They inherit the ignored signal
-    (Python leaves SIGINT alone when it starts ignored); this process still gets it and stops them."""
-    if not processes:
+def workers_starting(processes: bool) -> Iterator[None]:
+    """While worker processes start, npudoctor's stop signals are held (blocked: they stay pending)
+    and Ctrl-C is ignored. A stop in the middle of a spawn left the worker reading its start-up data
+    from a closed pipe (``EOFError``, a traceback on the terminal), and a Ctrl-C that was only
+    ignored was lost. Ignored, Ctrl-C is what the workers inherit (a terminal sends it to every
+    process of the command; ``worker_started`` keeps it so); on leaving, the handler is restored and
+    what was held is delivered: npudoctor stops the workers it started. On the main thread only
+    (signals are the main thread's in Python)."""
+    if not processes or threading.current_thread() is not threading.main_thread():
         yield
         return
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: nothing to spare
-        yield
-        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def worker_started(parent: int) -> None:
+    """A worker's first step: Ctrl-C ignored (npudoctor stops its workers itself), the signals held
+    while it started released (a SIGTERM npudoctor sent meanwhile ends it now), and it dies with its
+    parent (``interpreters.die_with_parent``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+    interpreters.die_with_parent(parent)
 
 
 def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor, stoppable: child_process.Stoppable) -> None:
