@@ -203,37 +203,41 @@ def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | Non
     )
 
 
-# npudoctor's stop signals: Ctrl-C, kill, a closed terminal
-_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 @contextlib.contextmanager
 def workers_starting(processes: bool) -> Iterator[None]:
-    """While worker processes start, npudoctor's stop signals are held (blocked: they stay pending)
-    and Ctrl-C is ignored. A stop in the middle of a spawn left the worker reading its start-up data
-    from a closed pipe (``EOFError``, a traceback on the terminal), and a Ctrl-C that was only
-    ignored was lost. Ignored, Ctrl-C is what the workers inherit (a terminal sends it to every
-    process of the command; ``worker_started`` keeps it so); on leaving, the handler is restored and
-    what was held is delivered: npudoctor stops the workers it started. On the main thread only
-    (signals are the main thread's in Python)."""
+    """While worker processes start, npudoctor's stop signals wait: a stop in the middle of a spawn
+    left the worker reading its start-up data from a closed pipe (``EOFError``, a traceback on the
+    terminal), and a Ctrl-C that was only ignored was lost. SIGTERM and SIGHUP are recorded (a Python
+    handler, which runs on the main thread whichever thread the signal reached) and raised again
+    once the workers exist. Ctrl-C is ignored, because the workers inherit that (a terminal sends it
+    to every process of the command; ``worker_started`` keeps it so), and blocked, so it stays
+    pending and arrives when the block ends (a thread of npudoctor's own that does not block it, a
+    spinner's, may still take one and drop it). Then npudoctor stops the workers it started."""
     if not processes or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    held: list[int] = []
+    previous = {number: signal.signal(number, lambda n, _: held.append(n)) for number in _RECORDED}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held meanwhile arrives here
+        for number in held:
+            signal.raise_signal(number)
+
+
+_RECORDED = (signal.SIGTERM, signal.SIGHUP)
 
 
 def worker_started(parent: int) -> None:
-    """A worker's first step: Ctrl-C ignored (npudoctor stops its workers itself), the signals held
-    while it started released (a SIGTERM npudoctor sent meanwhile ends it now), and it dies with its
-    parent (``interpreters.die_with_parent``)."""
+    """A worker's first step: Ctrl-C ignored (npudoctor stops its workers itself) and no longer
+    held, and it dies with its parent (``interpreters.die_with_parent``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     interpreters.die_with_parent(parent)
 
 

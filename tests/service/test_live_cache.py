@@ -75,7 +75,7 @@ LIVE_IMPORT = "live probes: importing sglang"  # the progress line each live chi
 @pytest.mark.slow
 def test_the_readme_flow_through_the_cli_runs_the_live_depth_once_per_input(release, tmp_path):
     """The README's flow on one unchanged deployment, each command as the one before printed it:
-    ``check``, the ``fix --select ...`` its finding hints, the ``fix --apply`` the plan hints, the
+    ``check``, the ``fix --select ...`` its end hints, the ``fix --apply`` the plan hints, the
     ``fix --status`` ``--apply`` hints, ``check``, ``run``; sglang installed (on ``PYTHONPATH``, with
     its dist-info, so ``--apply`` records beside it, on that path). Two inputs reach the live probes:
     the installed code, and the code with the recorded fixes in place (``--status`` proves them with
@@ -106,7 +106,7 @@ def test_the_readme_flow_through_the_cli_runs_the_live_depth_once_per_input(rele
         return shlex.split(line[len(lead) :])[1:]
 
     report = npudoctor("check", *deployment)
-    plan = npudoctor(*hinted(report, "fix --select", lead="fix: "))
+    plan = npudoctor(*hinted(report, "fix --select"))  # the one fix command the report ends with
     applied = npudoctor(*hinted(plan, "fix --apply"))
     status = npudoctor(*hinted(applied, "fix --status", lead="check it: "))
     npudoctor("check", *deployment)
