@@ -102,6 +102,16 @@ class Remediation:
     # (``npudoctor.service.workarounds.with_workaround``): the compact report's one line of it
     workaround: str = ""
 
+    @property
+    def upstream(self) -> str | None:
+        """Where upstream stands, as every format says it: the release that fixes it, or the newest
+        release checked that still has it (None: neither is known)."""
+        if self.fixed_in:
+            return f"fixed upstream in sglang {self.fixed_in}"
+        if self.unfixed_as_of:
+            return f"not fixed upstream as of sglang {self.unfixed_as_of}"
+        return None
+
 
 @dataclass(frozen=True)
 class Result:

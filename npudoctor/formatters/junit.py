@@ -116,10 +116,8 @@ def _details(result: Result, user: UserOptions) -> str:
     if fix is not None:
         if fix.fix_id:
             lines.append(f"fix: {fix_hint(fix.fix_id, user)}")
-        if fix.fixed_in:
-            lines.append(f"fixed upstream in sglang {fix.fixed_in}")
-        elif fix.unfixed_as_of:
-            lines.append(f"not fixed upstream as of sglang {fix.unfixed_as_of}")
+        if fix.upstream:
+            lines.append(fix.upstream)
         if fix.advice:
             lines.append(fix.advice)
     return "\n".join(lines)

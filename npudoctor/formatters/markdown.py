@@ -116,10 +116,8 @@ def _details(result: Result, user: UserOptions) -> list[str]:
         remedy = []
         if fix.fix_id:
             remedy.append(f"fix {_code(fix.fix_id)}: run {_code(fix_hint(fix.fix_id, user))}")
-        if fix.fixed_in:
-            remedy.append(f"fixed upstream in sglang {_text(fix.fixed_in)}")
-        elif fix.unfixed_as_of:
-            remedy.append(f"not fixed upstream as of sglang {_text(fix.unfixed_as_of)}")
+        if fix.upstream:
+            remedy.append(_text(fix.upstream))
         if fix.advice:
             remedy.append(_inline(fix.advice))
         bullets.append("- **Remediation:** " + "; ".join(remedy))

@@ -179,10 +179,8 @@ def _cure(result: Result) -> list[RenderableType]:
     said = []
     if fix.fix_id:
         said.append(f"runtime fix {fix.fix_id} (command below)")
-    if fix.fixed_in:
-        said.append(f"fixed upstream in sglang {fix.fixed_in}")
-    elif fix.unfixed_as_of:
-        said.append(f"not fixed upstream as of sglang {fix.unfixed_as_of}")
+    if fix.upstream:
+        said.append(fix.upstream)
     command = ""
     if fix.workaround and not fix.fix_id:
         workaround, command = command_of(fix.workaround)
@@ -328,10 +326,8 @@ def _details(result: Result, user: UserOptions) -> list[RenderableType]:
     if fix is not None:
         if fix.fix_id:
             parts.append(Whole(Text.assemble(("fix: ", "bold"), fix_hint(fix.fix_id, user)), indent=INDENT))
-        if fix.fixed_in:
-            parts.append(Para(f"fixed upstream in sglang {fix.fixed_in}", indent=INDENT))
-        elif fix.unfixed_as_of:
-            parts.append(Para(f"not fixed upstream as of sglang {fix.unfixed_as_of}", indent=INDENT))
+        if fix.upstream:
+            parts.append(Para(fix.upstream, indent=INDENT))
         if fix.advice:
             advice, command = command_of(fix.advice)
             parts.append(Para(advice, indent=INDENT))
