@@ -166,11 +166,6 @@ class Gate:
         threshold = Status.WARN if "warn" in words else Status.FAIL
         return cls(threshold, DEFAULT_FAILING | {Impact(w) for w in words if w not in ("fail", "warn")})
 
-    @property
-    def escalated(self) -> tuple[str, ...]:
-        """The impacts beyond the default that fail, in ``Impact``'s order."""
-        return tuple(i.value for i in Impact if i in self.failing - DEFAULT_FAILING)
-
     def grade(self, result: Result) -> Result:
         """A defect's finding as this gate sees it: a ``fail`` whose impact does not fail is a
         ``warn``, saying which ``--fail-on`` makes it fail."""
