@@ -30,15 +30,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from npudoctor.static.dataflow import module_function
+from npudoctor.static.expressions import compare_known, truth
 from npudoctor.static.npuguards import (
     ABSENT_ON_ASCEND,
     catches,
     ends_block,
     guarded_statements,
-    kleene,
     may_return,
     until_end,
     value_on_npu,
+    value_with_unknowns,
 )
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import Frame
@@ -367,13 +368,12 @@ def _value(
 
     def operand_value(operand: ast.expr) -> bool | None:
         if size is not None and isinstance(operand, ast.Compare) and operand in _head_size_tests(operand):
-            listed = size in {e.value for e in operand.comparators[0].elts}
-            return listed if isinstance(operand.ops[0], ast.In) else not listed
+            return compare_known(operand.ops[0], size, tuple(e.value for e in operand.comparators[0].elts))
         if cls is not None and isinstance(operand, ast.Attribute) and _is_self(operand.value):
             return _self_value(tree, cls, operand.attr)
         return value_on_npu(tree, path, operand)
 
-    return kleene(test, operand_value)
+    return truth(test, operand_value)
 
 
 def _self_value(tree: SourceTree, cls: ClassInfo, name: str) -> bool | None:
@@ -477,16 +477,10 @@ def _is_self(node: ast.AST) -> bool:
 
 
 def _local_value(tree: SourceTree, path: Path, expr: ast.expr, local: frozenset[str]) -> bool | None:
-    """``expr`` on an Ascend host inside a method whose ``local`` names are not known."""
+    """``expr`` on an Ascend host inside a method whose ``local`` names (and ``self``) are not known."""
     if expr is _UNKNOWN:
         return None
-
-    def operand_value(operand: ast.expr) -> bool | None:
-        if any(isinstance(n, ast.Name) and (n.id in local or n.id == "self") for n in ast.walk(operand)):
-            return None
-        return value_on_npu(tree, path, operand)
-
-    return kleene(expr, operand_value)
+    return value_with_unknowns(tree, path, expr, local | {"self"})
 
 
 def _function_reaches(context: _Context, ref: FunctionRef, cls: ClassInfo | None) -> Iterator[Reach]:

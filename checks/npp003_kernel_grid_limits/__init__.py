@@ -21,11 +21,11 @@ Static probe (the source read with ``ast``; sglang is never imported):
   ``gdn_backend.py``, 0.5.11's ``qwen3_next.py``), and a call under a branch the deployment's
   numbers decide against (``num_v_heads // num_k_heads in [1, 2, 4]`` for the model's config) is
   not taken.
-* **The grid** (``values.py``): each dimension evaluated to an interval at T tokens: activations
-  (a ``forward*`` method's tensors) have T rows, ``x.shape[0]`` and what keeps it (projections,
-  views, ``torch.empty((n, ...))``, returned tensors) follow T; heads come from config.json and
-  the TP size; constexpr block sizes from the launch, else the kernel's defaults, else the
-  smallest autotune config (the largest grid; said in the evidence).
+* **The grid** (``npudoctor.static.intervals``): each dimension evaluated to an interval at T
+  tokens: activations (a ``forward*`` method's tensors) have T rows, ``x.shape[0]`` and what keeps
+  it (projections, views, ``torch.empty((n, ...))``, returned tensors) follow T; heads come from
+  config.json and the TP size; constexpr block sizes from the launch, else the kernel's defaults,
+  else the smallest autotune config (the largest grid; said in the evidence).
 * **T** (``tokens.py``): the most tokens one forward of the role carries: the chunked prefill
   size (unset: the largest NPU default the release's ``set_default_server_args`` may pick; per DP
   rank with DP attention), max(context length, max_prefill_tokens) with chunked prefill disabled,

@@ -1,12 +1,12 @@
 """Triton launches on a function's NPU path and their grids at a token count.
 
-* **Kernels**: ``k[grid](...)`` where ``k`` denotes, on an Ascend host (``values.npu_bindings``:
+* **Kernels**: ``k[grid](...)`` where ``k`` denotes, on an Ascend host (``intervals.npu_bindings``:
   module-level rebindings under ``if _is_npu:`` followed), a function of the tree decorated with
   ``triton.jit`` / ``triton.autotune`` / ``triton.heuristics`` (or their bare imported names).
 * **Where**: in the function itself and, with the arguments it passes bound, in the functions it
   calls (module functions through their NPU binding, ``self.m(...)`` through the MRO), at most
   ``MAX_CALLS`` calls deep, in the branches ``npuguards`` keeps on NPU and whose tests the
-  deployment's numbers do not decide against (``values.truth``: ``num_v_heads // num_k_heads in
+  deployment's numbers do not decide against (``intervals.truth``: ``num_v_heads // num_k_heads in
   [1, 2, 4]`` for the model's config).
 * **Grid**: a tuple, a ``lambda META: (...)`` or a nested ``def grid(meta)``, or a local name
   bound to one of them before the launch; ``META`` holds the launch's constexpr arguments (by
@@ -23,11 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from npudoctor.static.dataflow import imported_module
-from npudoctor.static.npupath import live_nodes
-from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
-from npudoctor.static.walker import Frame, method_on
-
-from .values import (
+from npudoctor.static.intervals import (
     ACTIVATION,
     INF,
     TOKEN_COUNT,
@@ -37,14 +33,17 @@ from .values import (
     Meta,
     Scope,
     Seq,
-    _last_assignment,
-    _mul,
     as_iv,
     bind,
     evaluate,
+    last_assignment,
+    mul,
     npu_bindings,
     truth,
 )
+from npudoctor.static.npupath import live_nodes
+from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
+from npudoctor.static.walker import Frame, method_on
 
 LIMIT = 65535  # Ascend coreDim: the product of a Triton grid's dimensions is a uint16
 MAX_CALLS = 3
@@ -211,7 +210,7 @@ def _search(
 
 def _callees(tree: SourceTree, ref: FunctionRef, self_cls, call: ast.Call):
     func = call.func
-    if isinstance(func, ast.Name) and _last_assignment(ref, func.id, call.lineno) is not None:
+    if isinstance(func, ast.Name) and last_assignment(ref, func.id, call.lineno) is not None:
         # a local alias: ``split_fn = a if cond else b; split_fn(...)`` (0.5.23 qwen3_5.py)
         for name in _aliased(tree, ref, self_cls, func.id, call.lineno):
             yield from _callees(
@@ -247,12 +246,12 @@ def _callees(tree: SourceTree, ref: FunctionRef, self_cls, call: ast.Call):
 def _aliased(tree: SourceTree, ref: FunctionRef, self_cls, name: str, line: int) -> list[str]:
     """The module-level names a local ``name`` may hold at ``line``, branches of a conditional
     expression the device decides against left out."""
-    assigned = _last_assignment(ref, name, line)
+    assigned = last_assignment(ref, name, line)
     if assigned is None or assigned[0] or assigned[1] is None:
         return []
     value, at = assigned[1], assigned[2]
     if isinstance(value, ast.Name):
-        return [] if _last_assignment(ref, value.id, at) is not None else [value.id]
+        return [] if last_assignment(ref, value.id, at) is not None else [value.id]
     if isinstance(value, ast.IfExp):
         decided = truth(value.test, Scope(ref, self_cls, _static_env(tree)), at)
         sides = (
@@ -265,7 +264,7 @@ def _aliased(tree: SourceTree, ref: FunctionRef, self_cls, name: str, line: int)
         return [
             side.id
             for side in sides
-            if isinstance(side, ast.Name) and _last_assignment(ref, side.id, at) is None
+            if isinstance(side, ast.Name) and last_assignment(ref, side.id, at) is None
         ]
     return []
 
@@ -427,7 +426,7 @@ def grid_of(launch: Launch, scope: Scope) -> Grid:
     grid.dims = [as_iv(v) for v in items]
     product = Iv(1, 1)
     for dim in grid.dims:
-        product = _mul(product, dim)
+        product = mul(product, dim)
     grid.product = product
     grid.resolved = True
     autotuned = [n for n in launch.kernel.autotuned if n not in _given(launch)]
@@ -440,7 +439,7 @@ def grid_of(launch: Launch, scope: Scope) -> Grid:
 
 def _lambda_text(node: ast.expr, scope: Scope, line: int) -> str:
     if isinstance(node, ast.Name):
-        assigned = _last_assignment(scope.ref, node.id, line)
+        assigned = last_assignment(scope.ref, node.id, line)
         if assigned is not None and assigned[1] is not None:
             return ast.unparse(assigned[1])
     return ""
@@ -450,7 +449,7 @@ def _grid_value(node: ast.expr, scope: Scope, meta: Meta, line: int, grid: Grid,
     if depth > 3:
         return None
     if isinstance(node, ast.Name):
-        assigned = _last_assignment(scope.ref, node.id, line)
+        assigned = last_assignment(scope.ref, node.id, line)
         if assigned is not None and not assigned[0] and assigned[1] is not None:
             grid.text = f"{node.id} = {_short(assigned[1])}"
             return _grid_value(assigned[1], scope, meta, assigned[2] + 1, grid, depth + 1)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from npudoctor.deployment.facts import Facts, ModelFacts, RoleFacts
 from npudoctor.engine.check import Probe
 from npudoctor.results import Evidence, Location, Status
+from npudoctor.static.intervals import Env
 from npudoctor.static.npupath import RolePath, role_paths
 from npudoctor.static.source import SourceTree
 
 from .grids import LIMIT, Grid, Launch, fmt, grid_of, launches, phase, replay
 from .tokens import Budget, role_budget
-from .values import Env
 
 
 @dataclass

@@ -15,8 +15,8 @@ Static probe (reads the source with ``ast``; sglang is never imported). Each rol
 (``npudoctor.static.npupath``: the classes the role builds and the functions they run, branches
 dead on Ascend left out) is read call by call (``npupath.reachable_calls``):
 
-* **What a call reaches** (``binding.Binder``): ``walker.CallResolver`` resolves names,
-  ``self``/``super()``/``Base.m(self)``/``Class.m()`` calls through the MRO of the class built,
+* **What a call reaches** (``npudoctor.static.binding.CallBinder``): ``walker.CallResolver``
+  resolves names, ``self``/``super()``/``Base.m(self)``/``Class.m()`` calls through the MRO of the class built,
   imports and typed receivers; a virtual call reaches only the classes the role builds.
   ``self.<attr>(...)`` on a module the role builds runs its ``forward``; ``Class(...)`` runs the
   ``__init__`` the MRO gives. sglang's platform dispatch (``MultiPlatformOp``, ``BaseFusedOp``: a

@@ -1,6 +1,7 @@
 """NPP004's static probe: every call on each role's NPU path bound to what it reaches
-(``binding.Binder``), the ``forward_npu`` twins of the layers the role builds compared with the
-twins their callers were written against, and the findings ranked and merged across roles."""
+(``static.binding.CallBinder``), the ``forward_npu`` twins of the layers the role builds compared
+with the twins their callers were written against, and the findings ranked and merged across
+roles."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from dataclasses import dataclass, field
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.engine.check import Probe
 from npudoctor.results import Evidence, Location, Status
+from npudoctor.static.binding import CallBinder, Mismatch, is_spread_only, kind_of
+from npudoctor.static.expressions import truth
 from npudoctor.static.npupath import RolePath, reachable_calls, role_paths
 from npudoctor.static.poolclasses import OFFLOAD_METHODS
 from npudoctor.static.signatures import accepts_keyword, bind_errors, only_raises, signature_text
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import Frame, method_on
-
-from .binding import Binder, Mismatch, is_spread_only, kind_of
 
 # words in a function's, class's or module's name that say the code is another device's: an Ascend
 # host never runs it, whatever the walk over-approximates (``DeepseekMLARocmForwardMixin``,
@@ -55,7 +56,7 @@ def judge(tree: SourceTree, facts: Facts, paths: list[RolePath]) -> Probe:
     calls = 0
     for path in paths:
         assumptions += [a for a in path.assumptions if a not in assumptions]
-        binder = Binder(tree, [*path.classes, *composite_pools(tree, facts)])
+        binder = CallBinder(tree, [*path.classes, *composite_pools(tree, facts)])
         graph = _Graph(tree, path, binder)
         for frame in graph.live():
             for call, callees, dead in graph.calls[_key(frame)]:
@@ -130,7 +131,7 @@ class _Graph:
       speculative algorithm the role does not run (``spec_algorithm.is_dflash()``), transitively.
     """
 
-    def __init__(self, tree: SourceTree, path: RolePath, binder: Binder):
+    def __init__(self, tree: SourceTree, path: RolePath, binder: CallBinder):
         self.tree = tree
         self.path = path
         self.calls: dict[tuple[int, int], list] = {}
@@ -283,14 +284,11 @@ def speculation_dead(role: RoleFacts | None, ref: FunctionRef, node: ast.AST) ->
 def _speculation_value(test: ast.expr, algorithm: str) -> bool | None:
     """``test`` for a role whose speculative algorithm is ``algorithm`` (``NONE`` without one):
     ``<...>spec_algorithm.is_<name>()`` and ``not``/``and``/``or`` over such calls; None otherwise."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = _speculation_value(test.operand, algorithm)
-        return None if inner is None else not inner
-    if isinstance(test, ast.BoolOp):
-        values = [_speculation_value(v, algorithm) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
+    return truth(test, lambda operand: _speculation_call_value(operand, algorithm))
+
+
+def _speculation_call_value(test: ast.expr, algorithm: str) -> bool | None:
+    """``<...>spec_algorithm.is_<name>()`` for ``algorithm``; None for any other operand."""
     if not (
         isinstance(test, ast.Call)
         and not test.args
@@ -367,7 +365,7 @@ def _on(cls: ClassInfo | None, function: FunctionRef) -> str:
 
 
 # ----- NPU overrides on receivers the source does not type -------------------------------------
-def _override_findings(tree: SourceTree, binder: Binder, frame: Frame, call: ast.Call) -> list[Finding]:
+def _override_findings(tree: SourceTree, binder: CallBinder, frame: Frame, call: ast.Call) -> list[Finding]:
     """``<expr>.m(...)`` whose receiver nothing types (``forward_batch.token_to_kv_pool.m(...)``):
     where a class the role builds defines ``m`` as an NPU override narrower than the method it
     overrides, and the call binds to the overridden method but not to the override, ``warn``: the
@@ -397,7 +395,7 @@ def _override_findings(tree: SourceTree, binder: Binder, frame: Frame, call: ast
     return found
 
 
-def _narrowing_overrides(tree: SourceTree, binder: Binder, name: str) -> list:
+def _narrowing_overrides(tree: SourceTree, binder: CallBinder, name: str) -> list:
     """``(class built, its NPU override of name, the method overridden)`` where the override takes
     less than the overridden method (memoised per binder)."""
     memo = binder.__dict__.setdefault("_narrowing", {})

@@ -11,7 +11,8 @@ Ascend; ``is_cuda()``, ``is_hip()``, ``is_cpu()``, ``is_xpu()``, ``is_musa()``, 
 probes and the CUDA-only library probes are false there, and so are ``torch.version.cuda`` and
 ``torch.version.hip``: an Ascend host runs a CPU build of torch with torch_npu), the module-level
 names bound from them (followed through ``from ... import`` to the module that binds them), and
-``and``/``or``/``not`` over those. Anything else (an env variable, a server argument, a
+``and``/``or``/``not`` over those (in three-valued logic: ``expressions.truth``, this module
+deciding each operand). Anything else (an env variable, a server argument, a
 capability probe of the NPU itself such as ``is_npu_arch35()``) is ``None``: not known, so both
 branches are kept. A property never prunes a branch it cannot prove dead.
 """
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from npudoctor.static.dataflow import imported_module
+from npudoctor.static.expressions import truth
 from npudoctor.static.source import SourceTree, flatten_conditional
 
 # sglang.srt.utils' device predicates, by their value on an Ascend host
@@ -74,32 +76,13 @@ def value_on_npu(tree: SourceTree, path: Path, test: ast.expr, _depth: int = 0) 
     if _depth > 6:
         return None
     if _depth:
-        return kleene(test, lambda operand: _operand_on_npu(tree, path, operand, _depth))
+        return truth(test, lambda operand: _operand_on_npu(tree, path, operand, _depth))
     # the walks ask each test several times; the entry holds the node, so its id is not reused
     memo = tree.memo.setdefault("npuguards.value_on_npu", {})
     entry = memo.get((path, id(test)))
     if entry is None or entry[0] is not test:
-        entry = memo[(path, id(test))] = (test, kleene(test, lambda o: _operand_on_npu(tree, path, o, 0)))
+        entry = memo[(path, id(test))] = (test, truth(test, lambda o: _operand_on_npu(tree, path, o, 0)))
     return entry[1]
-
-
-def kleene(expr: ast.expr, operand_value: Callable[[ast.expr], bool | None]) -> bool | None:
-    """``expr`` in three-valued (Kleene) logic: its ``and``/``or``/``not`` are combined here and
-    every other operand is decided by ``operand_value`` (True, False, or None for not known).
-
-    One False decides an ``and`` and one True an ``or`` whatever the other operands are, so a
-    device predicate decides ``is_npu() and <anything>`` on its own; otherwise one operand not
-    known leaves the whole not known, and a guard with both branches kept is never pruned."""
-    if isinstance(expr, ast.BoolOp):
-        decisive = not isinstance(expr.op, ast.And)
-        values = [kleene(v, operand_value) for v in expr.values]
-        if decisive in values:
-            return decisive
-        return (not decisive) if all(v is (not decisive) for v in values) else None
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        inner = kleene(expr.operand, operand_value)
-        return None if inner is None else not inner
-    return operand_value(expr)
 
 
 def ends_block(stmt: ast.stmt, test_value: Callable[[ast.expr], bool | None]) -> bool:
@@ -249,12 +232,14 @@ def _collect_returns(
     whether the block can end without returning (a ``try`` counts as both)."""
     for stmt in body:
         if isinstance(stmt, ast.Return):
-            values.add(False if stmt.value is None else _local_value(tree, path, stmt.value, depth, local))
+            values.add(
+                False if stmt.value is None else value_with_unknowns(tree, path, stmt.value, local, depth)
+            )
             return False
         if isinstance(stmt, ast.Raise):
             return False
         if isinstance(stmt, ast.If):
-            value = _local_value(tree, path, stmt.test, depth, local)
+            value = value_with_unknowns(tree, path, stmt.test, local, depth)
             falls = False
             if value is not False:
                 falls |= _collect_returns(tree, path, stmt.body, values, depth, local)
@@ -279,17 +264,19 @@ def _collect_returns(
     return True
 
 
-def _local_value(
-    tree: SourceTree, path: Path, expr: ast.expr, depth: int, local: frozenset[str]
+def value_with_unknowns(
+    tree: SourceTree, path: Path, expr: ast.expr, unknown: frozenset[str], _depth: int = 0
 ) -> bool | None:
-    """``expr`` on an Ascend host inside a function whose ``local`` names are not known."""
+    """``expr`` on an Ascend host inside a function whose names in ``unknown`` (its parameters and
+    locals) are not known: an operand that reads one is not known, the others are decided as at the
+    top of the module (``value_on_npu``)."""
 
     def operand_value(operand: ast.expr) -> bool | None:
-        if any(isinstance(n, ast.Name) and n.id in local for n in ast.walk(operand)):
+        if any(isinstance(n, ast.Name) and n.id in unknown for n in ast.walk(operand)):
             return None
-        return value_on_npu(tree, path, operand, depth)
+        return value_on_npu(tree, path, operand, _depth)
 
-    return kleene(expr, operand_value)
+    return truth(expr, operand_value)
 
 
 def _fails_on_npu(body: list[ast.stmt]) -> int | None:

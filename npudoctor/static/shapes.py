@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from npudoctor.static.expressions import ExpressionEvaluator
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree, is_self
 
 
@@ -250,68 +251,10 @@ class LayoutEvaluator:
 
     # ----- expressions -------------------------------------------------------------
     def _decide(self, test: ast.expr, env: _Env, method: FunctionRef) -> bool | None:
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            inner = self._decide(test.operand, env, method)
-            return None if inner is None else not inner
-        if isinstance(test, ast.BoolOp):
-            values = [self._decide(v, env, method) for v in test.values]
-            if isinstance(test.op, ast.And):
-                return False if False in values else (True if all(v is True for v in values) else None)
-            return True if True in values else (False if all(v is False for v in values) else None)
-        if (
-            isinstance(test, ast.Compare)
-            and len(test.ops) == 1
-            and isinstance(test.ops[0], (ast.Is, ast.IsNot))
-        ):
-            left = self._eval(test.left, env, method)
-            right = self._eval(test.comparators[0], env, method)
-            if right is None and left is not UNKNOWN:
-                result = left is None
-                return result if isinstance(test.ops[0], ast.Is) else not result
-            return None
-        value = self._eval(test, env, method)
-        return value if isinstance(value, bool) else None
+        return _LayoutExpression(self, env, method).decide(test)
 
     def _eval(self, node: ast.expr, env: _Env, method: FunctionRef) -> Any:
-        if isinstance(node, ast.Constant):
-            if isinstance(node.value, bool) or node.value is None or isinstance(node.value, str):
-                return node.value
-            if isinstance(node.value, int):
-                return Sym.const(node.value)
-            return UNKNOWN
-        if isinstance(node, ast.Name):
-            return env.local.get(node.id, Sym.atom(node.id))
-        if isinstance(node, ast.Attribute):
-            if is_self(node.value):
-                return self._self_attribute(node.attr, env)
-            base = self._eval(node.value, env, method)
-            if node.attr == "nbytes" and isinstance(base, Tensor):
-                return base.numel * Sym.atom("itemsize")
-            return UNKNOWN
-        if isinstance(node, ast.Subscript):
-            return _index(self._eval(node.value, env, method), node.slice)
-        if isinstance(node, ast.BinOp):
-            left, right = self._eval(node.left, env, method), self._eval(node.right, env, method)
-            result = _binop(node.op, left, right)
-            if result is UNKNOWN and isinstance(left, Sym) and isinstance(right, Sym):
-                return Sym.atom(ast.unparse(node))  # size // page_size + 1 and the like
-            return result
-        if isinstance(node, (ast.List, ast.Tuple)):
-            items = tuple(self._eval(e, env, method) for e in node.elts)
-            return Seq(items) if isinstance(node, ast.List) else items
-        if isinstance(node, ast.ListComp) and len(node.generators) == 1:
-            inner = env.copy()
-            self._store(node.generators[0].target, Sym.atom(ast.unparse(node.generators[0].target)), inner)
-            return Seq((Repeated(self._eval(node.elt, inner, method)),))
-        if isinstance(node, ast.IfExp):
-            decided = self._decide(node.test, env, method)
-            if decided is not None:
-                return self._eval(node.body if decided else node.orelse, env, method)
-            a, b = self._eval(node.body, env, method), self._eval(node.orelse, env, method)
-            return a if a == b else UNKNOWN
-        if isinstance(node, ast.Call):
-            return self._eval_call(node, env, method)
-        return UNKNOWN
+        return _LayoutExpression(self, env, method).interpret(node)
 
     def _self_attribute(self, name: str, env: _Env) -> Any:
         """A deployment-decided value, an assigned attribute, a property's result, or an atom."""
@@ -380,6 +323,75 @@ class LayoutEvaluator:
         if not all(isinstance(d, Sym) for d in dims):
             return UNKNOWN
         return Tensor(tuple(dims))
+
+
+class _LayoutExpression(ExpressionEvaluator):
+    """An expression of a pool's method on symbols (``LayoutEvaluator``'s policy for the shared
+    evaluator): ints are sizes, a name is its local or an atom named after itself, ``self.<attr>``
+    what the class assigned, a test is decided only by ``is None`` / ``is not None`` and booleans.
+    Sub-expressions and sub-tests go back through the ``LayoutEvaluator``, whose subclasses refine
+    them."""
+
+    unknown = UNKNOWN
+
+    def __init__(self, layout: LayoutEvaluator, env: _Env, method: FunctionRef):
+        self.layout, self.env, self.method = layout, env, method
+
+    def evaluate(self, node: ast.expr) -> Any:
+        return self.layout._eval(node, self.env, self.method)
+
+    def truth(self, test: ast.expr) -> bool | None:
+        return self.layout._decide(test, self.env, self.method)
+
+    def constant(self, node: ast.Constant) -> Any:
+        if isinstance(node.value, bool) or node.value is None or isinstance(node.value, str):
+            return node.value
+        if isinstance(node.value, int):
+            return Sym.const(node.value)
+        return UNKNOWN
+
+    def sequence(self, node: ast.Tuple | ast.List, items: list) -> Any:
+        return Seq(tuple(items)) if isinstance(node, ast.List) else tuple(items)
+
+    def name(self, node: ast.Name) -> Any:
+        return self.env.local.get(node.id, Sym.atom(node.id))
+
+    def attribute(self, node: ast.Attribute) -> Any:
+        if is_self(node.value):
+            return self.layout._self_attribute(node.attr, self.env)
+        base = self.evaluate(node.value)
+        if node.attr == "nbytes" and isinstance(base, Tensor):
+            return base.numel * Sym.atom("itemsize")
+        return UNKNOWN
+
+    def subscript(self, node: ast.Subscript) -> Any:
+        return _index(self.evaluate(node.value), node.slice)
+
+    def binop(self, node: ast.BinOp, left: Any, right: Any) -> Any:
+        result = _binop(node.op, left, right)
+        if result is UNKNOWN and isinstance(left, Sym) and isinstance(right, Sym):
+            return Sym.atom(ast.unparse(node))  # size // page_size + 1 and the like
+        return result
+
+    def call(self, node: ast.Call) -> Any:
+        return self.layout._eval_call(node, self.env, self.method)
+
+    def other(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.ListComp) and len(node.generators) == 1:
+            inner = self.env.copy()
+            target = node.generators[0].target
+            self.layout._store(target, Sym.atom(ast.unparse(target)), inner)
+            return Seq((Repeated(self.layout._eval(node.elt, inner, self.method)),))
+        return UNKNOWN
+
+    def compare(self, node: ast.Compare) -> bool | None:
+        if not isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            return self.truthiness(node)  # what a subclass's evaluation makes of it
+        left, right = self.evaluate(node.left), self.evaluate(node.comparators[0])
+        if right is None and left is not UNKNOWN:
+            result = left is None
+            return result if isinstance(node.ops[0], ast.Is) else not result
+        return None
 
 
 def _binop(op: ast.operator, left: Any, right: Any) -> Any:

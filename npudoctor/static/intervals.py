@@ -1,10 +1,12 @@
-"""What an expression in sglang's source is worth at the deployment's token count: an abstract
-evaluator over integer intervals, tensors known by their first dimension, the model's config.
+"""What an integer expression in sglang's source is worth for a deployment at a token count T: the
+interval interpreter of the static toolkit, over integer intervals, tensors known by their first
+dimension and the model's config.
 
-A Triton grid is a tuple of integer expressions over shapes and constants; Ascend launches it
-only while the product of its dimensions is at most 65535. To bound that product for T tokens,
-each expression is evaluated to an interval ``[lo, hi]`` of the values it can take, with ``tok``
-set when it follows the token count:
+A size in the source (a Triton grid's dimensions, a buffer's rows, a loop's bound) is an
+expression over shapes, constants, the model's config and the parallel sizes. Each expression is
+evaluated to an interval ``[lo, hi]`` of the values it can take on an Ascend host, with ``tok``
+set when it follows the token count (NPP003 bounds the product of a Triton grid's dimensions,
+which Ascend launches only while it is at most 65535):
 
 * numbers: literals, module constants, ``triton.cdiv``/``next_power_of_2``/``min``/``max``, the
   model's ``config.<key>`` (config.json, a multimodal wrapper's text_config merged in), the TP
@@ -18,7 +20,7 @@ set when it follows the token count:
 * ``self.<attr>``: the one value the class's constructor assigns, evaluated in the constructor;
 * anything else is unknown: a positive integer, ``[1, inf)``.
 
-Products of lower bounds are lower bounds, so a grid whose ``lo`` exceeds the limit overflows
+Products of lower bounds are lower bounds, so a product whose ``lo`` exceeds a limit exceeds it
 for certain; one whose ``hi`` exceeds it while ``lo`` does not is not known.
 """
 
@@ -30,7 +32,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npudoctor.static.expressions import ExpressionEvaluator, compare_known
 from npudoctor.static.npuguards import dotted, module_binding, value_on_npu
+from npudoctor.static.npupath import live_nodes
 from npudoctor.static.source import ClassInfo, FunctionRef, SourceTree
 from npudoctor.static.walker import method_on
 
@@ -158,7 +162,7 @@ def as_iv(value) -> Iv:
 
 
 # ----- arithmetic -----------------------------------------------------------------------------
-def _mul(a: Iv, b: Iv) -> Iv:
+def mul(a: Iv, b: Iv) -> Iv:
     corners = [_times(x, y) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
     return Iv(min(corners), max(corners), a.tok or b.tok)
 
@@ -196,7 +200,7 @@ def binop(op: ast.operator, a: Iv, b: Iv) -> Iv:
     if isinstance(op, ast.Sub):
         return Iv(a.lo - b.hi, a.hi - b.lo, tok)
     if isinstance(op, ast.Mult):
-        return _mul(a, b)
+        return mul(a, b)
     if isinstance(op, ast.FloorDiv):
         return _floordiv(a, b)
     if isinstance(op, ast.Mod):
@@ -223,91 +227,101 @@ def evaluate(node: ast.AST | None, scope: Scope, line: int | None = None):
 
 
 def _eval(node: ast.AST, scope: Scope, line: int):
-    if isinstance(node, ast.Constant):
-        if isinstance(node.value, int) and not isinstance(node.value, bool):
-            return Iv(node.value, node.value)
-        return Const(node.value)
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return Seq(tuple(_eval(e, scope, line) for e in node.elts))
-    if isinstance(node, ast.Name):
-        return _name(node.id, scope, line)
-    if isinstance(node, ast.BinOp):
-        if isinstance(node.op, ast.Div):  # true division: only inside math.ceil / int
-            return _floordiv(
-                as_iv(_eval(node.left, scope, line)), as_iv(_eval(node.right, scope, line)), True
-            )
-        return binop(node.op, as_iv(_eval(node.left, scope, line)), as_iv(_eval(node.right, scope, line)))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        value = as_iv(_eval(node.operand, scope, line))
-        return Iv(-value.hi, -value.lo, value.tok)
-    if isinstance(node, ast.Attribute):
-        return _attribute(node, scope, line)
-    if isinstance(node, ast.Subscript):
-        return _subscript(node, scope, line)
-    if isinstance(node, ast.Call):
-        return _call(node, scope, line)
-    if isinstance(node, (ast.BoolOp, ast.Compare)) or (
-        isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
-    ):
-        value = truth(node, scope, line)
-        return None if value is None else Const(value)
-    if isinstance(node, ast.IfExp):
-        test = truth(node.test, scope, line)
-        if test is not None:
-            return _eval(node.body if test else node.orelse, scope, line)
-        a, b = as_iv(_eval(node.body, scope, line)), as_iv(_eval(node.orelse, scope, line))
-        return Iv(min(a.lo, b.lo), max(a.hi, b.hi), a.tok or b.tok)
-    return None
+    return _Intervals(scope, line).interpret(node)
 
 
 def truth(test: ast.AST, scope: Scope, line: int | None = None) -> bool | None:
     """A branch test: True/False where the device (``npuguards``) or the numbers decide, else None."""
-    line = getattr(test, "lineno", 0) if line is None else line
-    on_npu = value_on_npu(scope.env.tree, scope.ref.path, test)
-    if on_npu is not None:
-        return on_npu
-    if isinstance(test, ast.BoolOp):
-        values = [truth(v, scope, line) for v in test.values]
-        if isinstance(test.op, ast.And):
-            return False if False in values else True if all(v is True for v in values) else None
-        return True if True in values else False if all(v is False for v in values) else None
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        inner = truth(test.operand, scope, line)
-        return None if inner is None else not inner
-    if isinstance(test, (ast.Name, ast.Attribute, ast.Call)):
-        value = evaluate(test, scope, line)
+    return _Intervals(scope, getattr(test, "lineno", 0) if line is None else line).truth(test)
+
+
+class _Intervals(ExpressionEvaluator):
+    """An expression of one function as it runs (``scope``), just before ``line``, in this module's
+    domain (the shared evaluator's policy): ints are exact intervals, other constants ``Const``,
+    arithmetic is interval arithmetic (``/`` only inside ``math.ceil``/``int``: a ceiling
+    division), a test in a value's place its ``Const`` truth, a conditional expression not decided
+    the hull of both sides; names, attributes, subscripts and calls as the functions below read
+    them. A test is decided by the device (``npuguards``) first, at every level, then by the
+    numbers: a name, attribute or call whose value is a bool or an exact interval, a comparison of
+    exact intervals, ``in`` a sequence of them."""
+
+    def __init__(self, scope: Scope, line: int):
+        self.scope, self.line = scope, line
+
+    def evaluate(self, node: ast.expr):
+        return _eval(node, self.scope, self.line)
+
+    def truth(self, test: ast.expr) -> bool | None:
+        on_npu = value_on_npu(self.scope.env.tree, self.scope.ref.path, test)
+        return on_npu if on_npu is not None else self.decide(test)
+
+    def constant(self, node: ast.Constant):
+        if isinstance(node.value, int) and not isinstance(node.value, bool):
+            return Iv(node.value, node.value)
+        return Const(node.value)
+
+    def sequence(self, node: ast.Tuple | ast.List, items: list):
+        return Seq(tuple(items))
+
+    def name(self, node: ast.Name):
+        return _name(node.id, self.scope, self.line)
+
+    def attribute(self, node: ast.Attribute):
+        return _attribute(node, self.scope, self.line)
+
+    def subscript(self, node: ast.Subscript):
+        return _subscript(node, self.scope, self.line)
+
+    def call(self, node: ast.Call):
+        return _call(node, self.scope, self.line)
+
+    def binop(self, node: ast.BinOp, left, right):
+        if isinstance(node.op, ast.Div):  # true division: only inside math.ceil / int
+            return _floordiv(as_iv(left), as_iv(right), True)
+        return binop(node.op, as_iv(left), as_iv(right))
+
+    def unary(self, node: ast.UnaryOp):
+        if not isinstance(node.op, ast.USub):
+            return None
+        value = as_iv(self.evaluate(node.operand))
+        return Iv(-value.hi, -value.lo, value.tok)
+
+    def condition(self, node: ast.expr):
+        value = self.truth(node)
+        return None if value is None else Const(value)
+
+    def join(self, body, orelse) -> Iv:
+        a, b = as_iv(body), as_iv(orelse)
+        return Iv(min(a.lo, b.lo), max(a.hi, b.hi), a.tok or b.tok)
+
+    def truthiness(self, operand: ast.expr) -> bool | None:
+        if not isinstance(operand, (ast.Name, ast.Attribute, ast.Call)):
+            return None
+        value = evaluate(operand, self.scope, self.line)
         if isinstance(value, Const) and isinstance(value.value, bool):
             return value.value
         if isinstance(value, Iv) and value.exact:
             return bool(value.lo)
         return None
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        left = evaluate(test.left, scope, line)
-        right = evaluate(test.comparators[0], scope, line)
-        op = test.ops[0]
-        if (
-            isinstance(op, (ast.In, ast.NotIn))
-            and isinstance(left, Iv)
-            and left.exact
-            and isinstance(right, Seq)
-        ):
+
+    def compare(self, node: ast.Compare) -> bool | None:
+        left = evaluate(node.left, self.scope, self.line)
+        right = evaluate(node.comparators[0], self.scope, self.line)
+        if not (isinstance(left, Iv) and left.exact):
+            return None
+        if isinstance(node.ops[0], (ast.In, ast.NotIn)) and isinstance(right, Seq):
             if right.uniform or not all(isinstance(i, Iv) and i.exact for i in right.items):
                 return None
-            found = any(i.lo == left.lo for i in right.items)
-            return found if isinstance(op, ast.In) else not found
-        if isinstance(left, Iv) and isinstance(right, Iv) and left.exact and right.exact:
-            compare = {
-                ast.Eq: lambda x, y: x == y, ast.NotEq: lambda x, y: x != y, ast.Lt: lambda x, y: x < y,
-                ast.LtE: lambda x, y: x <= y, ast.Gt: lambda x, y: x > y, ast.GtE: lambda x, y: x >= y,
-            }.get(type(op))  # fmt: skip
-            return None if compare is None else compare(left.lo, right.lo)
-    return None
+            return compare_known(node.ops[0], left.lo, tuple(i.lo for i in right.items))
+        if isinstance(right, Iv) and right.exact:
+            return compare_known(node.ops[0], left.lo, right.lo)
+        return None
 
 
 def _name(name: str, scope: Scope, line: int):
     if scope.meta is not None and name in ("META", "meta"):
         return scope.meta
-    assigned = _last_assignment(scope.ref, name, line)
+    assigned = last_assignment(scope.ref, name, line)
     if assigned is not None:
         target_path, value, at = assigned
         if value is None or scope.depth > 40:
@@ -461,7 +475,7 @@ def instance_value(env: Env, cls: ClassInfo, attr: str):
 def _constructor_assignments(tree: SourceTree, cls: ClassInfo) -> dict[str, list]:
     """``self.<attr> = value`` of every method building a ``cls`` runs: attr -> [(method, value)]
     (memoised per tree)."""
-    memo = tree.memo.setdefault("npp003.constructor", {})
+    memo = tree.memo.setdefault("intervals.constructor", {})
     if id(cls) in memo:
         return memo[id(cls)]
     table: dict[str, list] = {}
@@ -625,7 +639,7 @@ def call_return(callee: FunctionRef, self_cls, node: ast.Call, scope: Scope, lin
 def last_return(ref: FunctionRef) -> ast.Return | None:
     """The last ``return <value>`` of ``ref``'s own body (None when a nested function returns too:
     which return is whose is not worth telling apart here)."""
-    memo = ref.tree.memo.setdefault("npp003.returns", {})
+    memo = ref.tree.memo.setdefault("intervals.returns", {})
     key = id(ref.node)
     if key not in memo:
         returns = [n for n in ast.walk(ref.node) if isinstance(n, ast.Return) and n.value is not None]
@@ -682,7 +696,7 @@ def _nested(func: ast.AST, node: ast.AST) -> bool:
 
 
 # ----- local assignments ----------------------------------------------------------------------
-def _last_assignment(
+def last_assignment(
     ref: FunctionRef, name: str, line: int
 ) -> tuple[tuple[int, ...], ast.AST | None, int] | None:
     """The last assignment to ``name`` in ``ref`` before ``line``: (position in the target, the
@@ -696,7 +710,7 @@ def _last_assignment(
 
 
 def _assignments(ref: FunctionRef) -> dict[str, list]:
-    memo = ref.tree.memo.setdefault("npp003.assign", {})
+    memo = ref.tree.memo.setdefault("intervals.assign", {})
     key = id(ref.node)
     if key in memo:
         return memo[key]
@@ -715,8 +729,6 @@ def _assignments(ref: FunctionRef) -> dict[str, list]:
                     record(element, value, at, (*path, index))
         elif isinstance(target, ast.Starred):
             record(target.value, None, at)
-
-    from npudoctor.static.npupath import live_nodes  # the statements an Ascend host can run
 
     live = {id(n) for n in live_nodes(ref)} if ref.node.name != "<module>" else None
     for node in ast.walk(ref.node):
@@ -761,7 +773,7 @@ def npu_bindings(tree: SourceTree, path: Path, name: str, _depth: int = 0) -> li
     sides of an undecided one kept: FunctionRefs of the tree, and ``"external"`` for anything
     else (a package outside the tree, a value). ``if _is_npu: f = f_npu`` after an import of the
     Triton ``f`` leaves only ``f_npu`` (sglang 0.5.10's gdn_backend.py, 0.5.11's qwen3_next.py)."""
-    memo = tree.memo.setdefault("npp003.bindings", {})
+    memo = tree.memo.setdefault("intervals.bindings", {})
     key = (path, name)
     if key in memo:
         return memo[key]

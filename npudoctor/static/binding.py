@@ -1,8 +1,11 @@
-"""What a call on the NPU path runs, and whether it binds: NPP004's core.
+"""Which definitions a call on an Ascend host's path reaches, and whether it binds to each: the
+call binder of the static toolkit.
 
-``Binder.callees(frame, call)`` says which definitions one call reaches on an Ascend host, each
-with the shape the definition receives and whether the receiver fills its first parameter;
-``Binder.judge(frame, call)`` binds the call to each of them as CPython would
+A property over calls (NPP004: every call binds to what it reaches) and any analysis that follows
+one call to the code it runs ask the same two questions, answered here for one role's path (the
+classes it builds). ``CallBinder.callees(frame, call)`` says which definitions one call reaches
+on an Ascend host, each with the shape the definition receives and whether the receiver fills its
+first parameter; ``CallBinder.judge(frame, call)`` binds the call to each of them as CPython would
 (``signatures.bind_errors``). What a call reaches:
 
 * names, ``self.m()``, ``super().m()``, ``Base.m(self)``, ``Class.m()``, module attributes and
@@ -105,7 +108,7 @@ class Mismatch:
         return self.call.lineno
 
 
-class Binder:
+class CallBinder:
     """Resolves and binds the calls of one role's path. ``built``: the classes the role builds."""
 
     def __init__(self, tree: SourceTree, built: list[ClassInfo], resolver: CallResolver | None = None):
@@ -152,7 +155,7 @@ class Binder:
     def callees(self, frame: Frame, call: ast.Call) -> list[Callee]:
         """What ``call`` in ``frame`` reaches (memoised per tree, for the roles that build the same
         classes)."""
-        memo = self.tree.memo.setdefault("npp004.callees", {})
+        memo = self.tree.memo.setdefault("binding.callees", {})
         key = (self._built_key, id(call), id(frame.self_cls), id(frame.function.node))
         if key not in memo:
             memo[key] = self._callees(frame, call)
@@ -432,7 +435,7 @@ class Binder:
         an assignment ``self.<attr> = C(...)`` (either side of a conditional expression) in a method
         of its MRO, outside branches that are dead on NPU, or in a class-body annotation, narrowed
         to the built classes that are that class or derive from it."""
-        memo = self.tree.memo.setdefault("npp004.declared", {})  # what the source says, any role
+        memo = self.tree.memo.setdefault("binding.declared", {})  # what the source says, any role
         key = (id(cls), attr)
         if key not in memo:
             declared: list[ClassInfo] = []
@@ -533,7 +536,7 @@ def definitions(ref: FunctionRef) -> list[ast.FunctionDef | ast.AsyncFunctionDef
     copies under a branch dead on NPU left out (one per platform: ``if _is_npu: def f ... else:``)."""
     if ref.outer is not None:
         return [ref.node]
-    memo = ref.tree.memo.setdefault("npp004.definitions", {})
+    memo = ref.tree.memo.setdefault("binding.definitions", {})
     key = id(ref.node)
     if key not in memo:
         if ref.owner is not None:
@@ -624,7 +627,7 @@ def is_local(ref: FunctionRef, name: str) -> bool:
 
 
 def _locals(ref: FunctionRef) -> set[str]:
-    memo = ref.tree.memo.setdefault("npp004.locals", {})
+    memo = ref.tree.memo.setdefault("binding.locals", {})
     key = id(ref.node)
     if key not in memo:
         names = {a.arg for a in ref.parameters}
@@ -643,7 +646,7 @@ def _locals(ref: FunctionRef) -> set[str]:
 
 def module_names(ref: FunctionRef) -> set[str]:
     """The names bound at the top level of ``ref``'s module (definitions, imports, assignments)."""
-    memo = ref.tree.memo.setdefault("npp004.module_names", {})
+    memo = ref.tree.memo.setdefault("binding.module_names", {})
     if ref.path not in memo:
         module = ref.tree.parse(ref.path)
         names: set[str] = set()
@@ -668,7 +671,7 @@ def _shadowed(tree: SourceTree, cls: ClassInfo, name: str) -> bool:
 
 def _assigned_names(tree: SourceTree, klass: ClassInfo) -> set[str]:
     """The ``self.<name>`` a class's methods assign (``setattr(self, "<name>", ...)`` too)."""
-    memo = tree.memo.setdefault("npp004.assigned", {})
+    memo = tree.memo.setdefault("binding.assigned", {})
     if id(klass) not in memo:
         names: set[str] = set()
         for node in ast.walk(klass.node):
@@ -692,7 +695,7 @@ def _assigned_names(tree: SourceTree, klass: ClassInfo) -> set[str]:
 def _live_assigned(tree: SourceTree, klass: ClassInfo) -> dict[str, list[tuple[FunctionRef, ast.expr]]]:
     """attribute -> ``(method, value)`` of every ``self.<attr> = value`` (``setattr(self, "<attr>",
     value)``) in the class's own methods, outside the branches an Ascend host cannot take (memoised)."""
-    memo = tree.memo.setdefault("npp004.live_assigned", {})
+    memo = tree.memo.setdefault("binding.live_assigned", {})
     if id(klass) not in memo:
         found: dict[str, list[tuple[FunctionRef, ast.expr]]] = {}
         for ref in _methods(klass):
