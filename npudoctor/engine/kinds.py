@@ -6,8 +6,9 @@ does not carry its kind's prefix, and every place that treats the kinds differen
 selection, ``--select NPC``, the folded ``NPC*`` row of the text report and the ``advise`` matrix,
 ``list --format json``'s ``kind``) reads it here, never from an id literal of its own.
 
-Only a ``Result`` (a report's line, which names no check object) is mapped back to its kind, by
-its id (``CheckKind.of``), so that mapping too lives here.
+Only a ``Result`` (a report's line, which names no check object) and a fix (which has the id of
+the check it cures) are mapped back to a kind, by their id (``CheckKind.of``), so that mapping
+too lives here.
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ class CheckKind(Enum):
         return re.fullmatch(rf"{self.prefix}[0-9]{{3}}", check_id) is not None
 
     @classmethod
-    def of(cls, check_id: str) -> CheckKind:
-        """The kind of the check or record with this id (a report's ``Result`` names only its id)."""
+    def of(cls, result_id: str) -> CheckKind:
+        """The kind of the check a result's id names (a report's ``Result`` names only its id): a
+        check's own id, or an expired ignore entry's ``<id>-ignore-expired``
+        (``npudoctor.deployment.ignores``), by the prefix it starts with."""
         for kind in cls:
-            if kind.owns(check_id):
+            if result_id.startswith(kind.prefix):
                 return kind
-        raise ValueError(
-            f"{check_id!r} is not the id of any kind of check ({', '.join(k.prefix for k in cls)})"
-        )
+        raise ValueError(f"{result_id!r} names no kind of check ({', '.join(k.prefix for k in cls)})")
 
 
 def selector_help() -> str:

@@ -150,10 +150,12 @@ def test_the_default_selection_is_the_default_kinds():
     assert [k for k in CheckKind if not k.default_selected] == [CheckKind.PROPERTY]
 
 
-def test_an_id_of_no_kind_is_refused():
-    for check_id in ("NPX001", "NPD01", "NPD0001", "npd001", ""):
+def test_a_result_id_names_its_kind_and_an_id_of_no_kind_is_refused():
+    assert CheckKind.of("NPC072-ignore-expired") is CheckKind.CATALOG  # npudoctor.deployment.ignores
+    for result_id in ("NPX001", "npd001", "X-NPD001", ""):
         with pytest.raises(ValueError):
-            CheckKind.of(check_id)
+            CheckKind.of(result_id)
+    assert not any(kind.owns(i) for kind in CheckKind for i in ("NPD01", "NPD0001", "NPD001-ignore-expired"))
 
 
 def test_the_select_help_names_every_kind():
