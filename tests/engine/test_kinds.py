@@ -88,7 +88,7 @@ def python_files() -> list[tuple[Path, bool]]:
 
 
 def test_no_kind_is_decided_outside_the_kinds():
-    """On main this failed at 24 places, among them ``ID_PREFIX = "NPC"`` (npudoctor/engine/catalog.py),
+    """On main this failed at 25 places in 14 files, among them ``ID_PREFIX = "NPC"`` (npudoctor/engine/catalog.py),
     ``select=["NPC"]`` (npudoctor/service/operations.py), ``isinstance(c, CatalogRecord)``
     (npudoctor/formatters/osv.py), ``item.id[:3]`` (npudoctor/formatters/listing.py) and
     ``r["id"].startswith("NPC")`` (tests/cli/test_gate.py)."""
