@@ -5,7 +5,7 @@
 
 Every record reads the source when no deployment is given (each assumes its defect bites), so the
 worst case is measured: ``check --depth static`` with no deployment on the largest tree (0.5.23:
-4,700 files, 68 MB), the catalog alone (``--select`` every record) and the whole check (the seven
+4,700 files, 68 MB), the catalog alone (``--select`` every record) and the whole check (the deep
 checks and the catalog), cold (an empty static-result cache each run) and warm (the same check
 again). The catalog's targets: warm <= 0.25x and cold <= 0.5x ``import torch``. Then ``advise``
 over 16 releases (0.5.8..0.5.23) at the static depth, warm (target <= 3 s), with the example

@@ -32,7 +32,7 @@ from fetch_sglang import fetch  # noqa: E402
 
 BARE_IMPORT = """
 import resource, sys, time
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.registry import all_checks
 from npudoctor.live.npusim import simulated_npu
 with simulated_npu():
     for check in all_checks():

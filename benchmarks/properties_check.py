@@ -9,7 +9,7 @@ each role builds and the functions they run), which the four share in one proces
 the most (an MLA PD deployment, DeepSeek-V3) and the least (a GQA MoE PD deployment), cold (an
 empty static-result cache each run: every module on the path parsed) and warm (the same check
 again: the result cache answers), against ``python -c "import torch"``; then ``--select ALL`` against
-the default selection (the seven checks and the catalog), cold, for what they add to a ``check``. Every
+the default selection (the deep checks and the catalog), cold, for what they add to a ``check``. Every
 timing is a whole process, the median of ``--runs``; bytecode caching on.
 """
 

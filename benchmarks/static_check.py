@@ -29,7 +29,7 @@ from fetch_sglang import cache_dir, cached, fetch  # noqa: E402, F401 (cache_dir
 
 DEPLOYMENT = REPO / "examples" / "deepseek-v3-pd.yaml"
 # what a static check imports before it reads a file: the command line, the runner, every check
-IMPORTS = "import npudoctor.cli, npudoctor.service.runner; from npudoctor.engine.check import all_checks; all_checks()"
+IMPORTS = "import npudoctor.cli, npudoctor.service.runner; from npudoctor.engine.registry import all_checks; all_checks()"
 
 
 def wall(command: list[str], runs: int, cold_cache: bool = False) -> float:

@@ -1,1 +1,1 @@
-"""Checks, one module per known defect; discovered by ``npudoctor.engine.check.all_checks``."""
+"""Checks, one module per known defect; discovered by ``npudoctor.engine.registry.all_checks``."""

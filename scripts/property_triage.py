@@ -38,11 +38,12 @@ def examples() -> list[Path]:
 def findings_for(version: str, ids: list[str], example_paths: list[Path]) -> list[dict]:
     """Every finding (fail or warn evidence) of the selected properties on one release, per example."""
     from npudoctor.deployment.load import from_yaml
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.kinds import CheckKind
+    from npudoctor.engine.registry import all_checks
     from npudoctor.target.discovery import discover
 
     target = discover(fetch_sglang.fetch(version) / "sglang")
-    checks = [c for c in all_checks() if c.id.startswith("NPP") and (not ids or c.id in ids)]
+    checks = [c for c in all_checks() if c.kind is CheckKind.PROPERTY and (not ids or c.id in ids)]
     rows = []
     for example in example_paths:
         facts = from_yaml(example).facts

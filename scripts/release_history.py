@@ -65,7 +65,7 @@ def _reports(directory: Path, chosen: dict[str, str]) -> dict[tuple[str, str], d
     """(witness, release) -> a report made before, for the chosen witnesses' example files: one
     of ``check --depth auto`` with every check and no runtime fix (a report of ``--select``,
     ``--with-fix`` or another depth answers another question)."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     by_file = {example: name for name, example in chosen.items()}
     every_check = {c.id for c in all_checks()}

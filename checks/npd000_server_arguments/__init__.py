@@ -28,12 +28,14 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.target.discovery import Target
 
 
 class ServerArguments(Check):
     id = "NPD000"
+    kind = CheckKind.DEEP
     title = "The release accepts every server argument and flag the deployment passes"
     upstream_history = False  # a fault of the deployment's input, not a defect a release fixes
     runtime_fix = False  # the server reads its arguments before any code npudoctor could patch

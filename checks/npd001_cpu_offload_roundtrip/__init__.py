@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import offload_scope
 from npudoctor.target.discovery import Target
@@ -44,6 +45,7 @@ from npudoctor.target.discovery import Target
 
 class CpuOffloadRoundTrip(Check):
     id = "NPD001"
+    kind = CheckKind.DEEP
     title = "KV cache CPU offload/reload round-trips on the NPU pool"
     upstream = ("https://github.com/sgl-project/sglang/pull/25249",)
     impact = Impact.RUNTIME_CRASH

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
@@ -34,6 +35,7 @@ from .verdict import FIA_ENV
 
 class TransferItemLengths(Check):
     id = "NPD002"
+    kind = CheckKind.DEEP
     title = "PD transfer item lengths match the NPU KV buffer layout"
     upstream = ("https://github.com/sgl-project/sglang/pull/15852",)
     impact = Impact.SILENT_WRONG_OUTPUT

@@ -41,6 +41,7 @@ import dataclasses
 
 from npudoctor.deployment.facts import ASSUMED_GQA, ASSUMED_MLA_INDEXER, Facts, RoleFacts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
@@ -63,6 +64,7 @@ _ASSUMED_MODELS = {
 
 class PipelineTransferMap(Check):
     id = "NPD003"
+    kind = CheckKind.DEEP
     title = "PD KV transfer with pipeline parallelism maps every layer to the same layer and kind"
     upstream = ("https://github.com/sgl-project/sglang/pull/23893",)
     impact = Impact.SILENT_WRONG_OUTPUT

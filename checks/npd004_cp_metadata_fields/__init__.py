@@ -107,6 +107,7 @@ from typing import TYPE_CHECKING
 
 from npudoctor.deployment.facts import AttentionKind, Facts, RoleFacts, role_facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static.dataflow import calls_to, enclosing_tests, functions_named
 from npudoctor.static.source import FunctionRef, SourceTree
@@ -124,6 +125,7 @@ ENTRY_POINTS = ("do_cp_attn_fia",)
 
 class ContextParallelMetadataFields(Check):
     id = "NPD004"
+    kind = CheckKind.DEEP
     title = "NPU FIA context-parallel attention reads only fields its metadata defines"
     upstream = ("https://github.com/sgl-project/sglang/pull/26705",)
     impact = Impact.RUNTIME_CRASH

@@ -102,6 +102,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import offload_scope
 from npudoctor.target.discovery import Target
@@ -111,6 +112,7 @@ class OffloadSignatures(Check):
     """NPD005: ``get_cpu_copy``/``load_cpu_copy`` overrides accept and forward their callers' keywords."""
 
     id = "NPD005"
+    kind = CheckKind.DEEP
     title = "get_cpu_copy/load_cpu_copy overrides accept the keywords their callers pass"
     upstream = ("https://github.com/sgl-project/sglang/pull/24026",)
     impact = Impact.RUNTIME_CRASH

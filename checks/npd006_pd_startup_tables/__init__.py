@@ -41,6 +41,7 @@ from npudoctor.deployment.facts import (
     RoleFacts,
 )
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact, Status
 from npudoctor.static.poolclasses import pool_family
 from npudoctor.target.discovery import Target
@@ -70,6 +71,7 @@ _ASSUMED = (
 
 class StartupTransferTables(Check):
     id = "NPD006"
+    kind = CheckKind.DEEP
     title = "PD start-up transfer tables build and describe the KV pool's buffers"
     upstream = ("https://github.com/sgl-project/sglang/pull/25383",)
     impact = Impact.STARTUP_CRASH

@@ -35,6 +35,7 @@ import re
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static.classdefs import names_set_when_run
 from npudoctor.static.npupath import RolePath, role_paths, unconditional_nodes
@@ -142,7 +143,7 @@ class AttributeResolution(Check):
     """NPP001: ``self.<name>`` reads on the NPU path resolve on the classes the deployment builds."""
 
     id = "NPP001"
-    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
+    kind = CheckKind.PROPERTY  # not in the default selection: it walks the whole NPU path
     title = "Every self.<name> read on the NPU path resolves on the class the deployment builds"
     upstream = (
         "https://github.com/sgl-project/sglang/pull/25249",

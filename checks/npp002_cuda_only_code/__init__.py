@@ -69,6 +69,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
@@ -77,7 +78,7 @@ class CudaOnlyCode(Check):
     """NPP002: nothing CUDA-only is imported or called on the deployment's NPU path."""
 
     id = "NPP002"
-    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
+    kind = CheckKind.PROPERTY  # not in the default selection: it walks the whole NPU path
     title = "Nothing CUDA-only is imported or called on the deployment's NPU path"
     upstream = (
         "https://github.com/sgl-project/sglang/pull/17453",

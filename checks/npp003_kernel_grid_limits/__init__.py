@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
@@ -52,7 +53,7 @@ class KernelGridLimits(Check):
     """NPP003: Triton grids on the NPU path stay within 65535 at the deployment's tokens per forward."""
 
     id = "NPP003"
-    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
+    kind = CheckKind.PROPERTY  # not in the default selection: it walks the whole NPU path
     title = (
         "Every Triton kernel launched on the NPU path keeps its grid within 65535 for the deployment's tokens"
     )

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from npudoctor.deployment.facts import Facts
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Impact
 from npudoctor.target.discovery import Target
 
@@ -64,7 +65,7 @@ class CallSignatures(Check):
     """NPP004: every call on the NPU path binds; every ``forward_npu`` takes what its twins take."""
 
     id = "NPP004"
-    default_selected = False  # walks the whole NPU path: run with --select NPP (or ALL)
+    kind = CheckKind.PROPERTY  # not in the default selection: it walks the whole NPU path
     title = "Every call on the deployment's NPU path binds to the function it reaches"
     upstream = (
         "https://github.com/sgl-project/sglang/pull/27802",

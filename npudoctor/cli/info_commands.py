@@ -38,7 +38,7 @@ def list_checks(
 
     With a deployment (given as check takes it), the release history is the deployment's: the
     witness deployments of its attention kind and FIA setting, as check reads it."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     if output_format is not ListFormat.text:
         import json
@@ -65,7 +65,7 @@ def explain(
 ) -> None:
     """Why a check matters, when its defect bites, and how to fix it (with a deployment: the release
     history for it)."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
     from npudoctor.formatters import listing
 
     checks = {c.id: c for c in all_checks()}

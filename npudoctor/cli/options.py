@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from npudoctor.engine.kinds import selector_help
+
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
 0 no finding at or above --fail-on (leak and performance findings warn unless --fail-on names them);
@@ -72,8 +74,7 @@ SelectOption = Annotated[
         "-s",
         metavar="ID",
         help="Run only these check or catalog ids (repeatable, or ID,ID); a prefix selects "
-        "all it starts: NPD (the seven checks), NPC (the catalog), NPP (the generic properties, "
-        "not run by default: they walk the whole NPU path); ALL selects everything.",
+        f"all it starts: {selector_help()}; ALL selects everything.",
     ),
 ]
 OutputOption = Annotated[

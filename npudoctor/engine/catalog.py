@@ -1,6 +1,6 @@
 """The known-defect catalog: one record per upstream Ascend defect, judged from the target's code.
 
-The seven deep checks prove seven properties with static and live probes and carry runtime fixes;
+The deep checks prove their properties with static and live probes and carry runtime fixes;
 the catalog covers the rest of the defect space reported upstream, one data file per defect
 (``catalog/<id>.yaml``, installed as ``npudoctor.catalog``), the way OSV and govulncheck records
 name the affected symbols:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +39,7 @@ from packaging.version import Version
 
 from npudoctor.deployment.predicate import compile_predicate, evaluate, role_namespace
 from npudoctor.engine.check import Check, Probe
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Evidence, Impact, Location, Status
 from npudoctor.static import fingerprints
 from npudoctor.static.fingerprints import Fingerprint
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
     from npudoctor.target.discovery import Target
 
-ID_PREFIX = "NPC"  # every record's id is NPC### (the seven checks are NPD###): ``--select NPC``, the NPC* row
 RANGE_KINDS = ("affected", "fixed", "absent", "unrecognised")
 _KEYS = {
     "id",
@@ -128,8 +127,8 @@ class Remedy:
 class CatalogRecord(Check):
     """One catalogued defect (``catalog/<id>.yaml``) as a check."""
 
+    kind = CheckKind.CATALOG
     upstream_history = False  # the record's own derived ranges say where it is fixed
-    is_catalog_record = True
 
     def __init__(self, data: dict[str, Any], where: str):
         unknown = set(data) - _KEYS
@@ -137,8 +136,10 @@ class CatalogRecord(Check):
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         self.where = where
         self.id = str(data["id"])
-        if not re.fullmatch(rf"{ID_PREFIX}\d{{3}}", self.id):
-            raise ValueError(f"{where}: a record's id is {ID_PREFIX} and three digits, got {self.id!r}")
+        if not self.kind.owns(self.id):
+            raise ValueError(
+                f"{where}: a record's id is {self.kind.prefix} and three digits, got {self.id!r}"
+            )
         self.title = str(data["title"])
         if data.get("impact") not in {i.value for i in Impact}:  # the gate grades the record's finding by it
             raise ValueError(f"{where}: impact must be one of {', '.join(i.value for i in Impact)}")

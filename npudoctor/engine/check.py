@@ -1,22 +1,20 @@
-"""The ``Check`` base class and the registry that finds every check module.
+"""The ``Check`` base class and the one verdict.
 
-A check is one known defect family: a stable id, the upstream references, when it
-matters, and probes that test the property the defect violates. Adding a check is
-adding one module to ``npudoctor/checks/`` (the repo's ``checks/``) that defines
-``CHECK = SomeCheck()``; nothing else needs editing.
+A check is one known defect family: a stable id, its kind (``npudoctor.engine.kinds``), the
+upstream references, when it matters, and probes that test the property the defect violates.
+Adding a check is adding one module to ``npudoctor/checks/`` (the repo's ``checks/``) that defines
+``CHECK = SomeCheck()``; the registry (``npudoctor.engine.registry``) finds it, nothing else needs
+editing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import gc
 import traceback
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.results import Depth, Evidence, Impact, Remediation, Result, Status
 from npudoctor.target import history, resultcache
 
@@ -64,6 +62,9 @@ class Check:
     """Base of every check. Subclasses set the metadata and implement ``static``."""
 
     id: ClassVar[str]
+    # deep check, generic property or catalog record: every check names its kind, and its id carries
+    # the kind's prefix (``all_checks`` refuses a check without)
+    kind: ClassVar[CheckKind]
     title: ClassVar[str]
     # what the defect does where it bites (its worst consequence): the gate's severity (``results.Gate``);
     # every check names one (``all_checks`` refuses a check without)
@@ -76,10 +77,6 @@ class Check:
     # whether a release fixes it (npudoctor.target.history): a defect of sglang, not of the deployment's input
     upstream_history: ClassVar[bool] = True
     runtime_fix: ClassVar[bool] = True  # whether `npudoctor fix` has a fix of the same id to point at
-    # run when no --select is given; the generic properties (NPP*) walk the deployment's whole NPU
-    # path, several seconds cold, and run when selected (--select NPP, or --select ALL), as ruff's
-    # rules outside its default set
-    default_selected: ClassVar[bool] = True
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Read the target's source (never import it) and test the property."""
@@ -326,106 +323,9 @@ def _with_fix(check: Check, live: Probe, static: Probe | None) -> Result:
     )
 
 
-def all_checks() -> list[Check]:
-    """Every check module in ``npudoctor.checks``, ordered by id, then every record of the
-    known-defect catalog (``npudoctor.engine.catalog``)."""
-    from npudoctor.engine.registry import catalog_records, discover
-
-    checks = discover("npudoctor.checks", "CHECK", Check)
-    for check in checks:  # the gate grades every finding by its impact: a check without one is a bug
-        if not isinstance(getattr(check, "impact", None), Impact):
-            raise RuntimeError(f"check {check.id} names no impact (npudoctor.results.Impact)")
-    return checks + list(catalog_records())
-
-
-def run_checks(
-    checks: list[Check],
-    target: Target,
-    facts: Facts,
-    depth: str,
-    on_done=None,
-    live: LiveOutcome | None = None,
-    statics: dict[str, Probe] | None = None,
-) -> list[Result]:
-    """Run each check; one that raises becomes an ``error`` result and the others still run.
-
-    ``live`` is the outcome of the live child (``npudoctor.live.child_process.run``) for these checks, if it ran;
-    ``statics`` are static probes already run (``static_probes``), by check id.
-    """
-    results = []
-    statics = statics or {}
-    upgrade = functools.cache(lambda: _deployment_upgrade(target, facts))  # one answer per run, if asked
-    with collector_paused():
-        for check in checks:
-            try:
-                result = check.run(target, facts, depth, live, statics.get(check.id))
-                result = _with_history(check, result, target, facts, upgrade)
-            except Exception as error:  # a broken check must not hide the others' findings
-                result = check.error_result(error)
-            results.append(result)
-            if on_done is not None:
-                on_done(check, result)
-    return results
-
-
-def _with_history(
-    check: Check, result: Result, target: Target, facts: Facts, upgrade: Callable[[], history.Upstream]
-) -> Result:
-    """A finding's remediation with the release history for this deployment: where the check's
-    property holds (a catalog record: its ranges derived from the wheels), and (``upgrade``) the one
-    release every check and record in the deployment's scope holds from."""
-    if result.remediation is None:
-        return result
-    if getattr(check, "is_catalog_record", False):  # npudoctor.engine.catalog builds on this module
-        own = check.upstream_for(target.version)
-    elif check.upstream_history:
-        own = history.upstream(check.id, facts, target.version)
-    else:
-        return result
-    return dataclasses.replace(result, remediation=check.remediation(own, upgrade()))
-
-
-def _deployment_upgrade(target: Target, facts: Facts) -> history.Upstream:
-    """The first release from which every check and catalog record in the deployment's scope
-    holds: all of them, not only those run (``--select`` must not recommend a release another
-    check fails or a record ships)."""
-    scope = [c for c in all_checks() if c.out_of_scope(facts) is None]
-    in_scope = [c.id for c in scope if c.upstream_history]
-    records = [c.table() for c in scope if getattr(c, "is_catalog_record", False)]
-    return history.deployment_upgrade(in_scope, facts, target.version, extra_tables=records)
-
-
-def static_probes(checks: list[Check], target: Target, facts: Facts, depth: str) -> dict[str, Probe]:
-    """The static probe of each check that reads the source at ``depth``, by id. A probe that
-    raises is left out: ``run_checks`` runs it again and reports the error in its place."""
-    probes = {}
-    with collector_paused():
-        for check in checks:
-            with contextlib.suppress(Exception):
-                if check.reads_source(facts, depth):
-                    probes[check.id] = cached_static(check, target, facts)
-    return probes
-
-
 def cached_static(check: Check, target: Target, facts: Facts) -> Probe:
     """``check.static(target, facts)``: a function of the target's source and the deployment only,
     so answered from the static-result cache (``npudoctor.target.resultcache``) when this code already ran it."""
     return resultcache.remembered(
         f"static {check.id}", target.cache_key, lambda: check.static(target, facts), repr(facts)
     )
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Parsing sglang's large modules keeps millions of AST nodes alive, and every full
-    collection of the cyclic garbage collector re-traverses them all: measured, that made a
-    static run several times slower. The checks make no garbage cycles worth collecting
-    early, so the collector waits until they are done; its previous state is restored (nested,
-    only the outermost pause resumes it)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -1,9 +1,12 @@
-"""Discovery of the one-module-per-id registries (``npudoctor.checks``, ``npudoctor.fixes``)
-and selection by id, shared so both behave alike.
+"""Every check with its kind (``all_checks``), the discovery of the one-module-per-id registries
+(``npudoctor.checks``, ``npudoctor.fixes``) and selection by id, shared so both behave alike.
 
-A registry is named, not imported: its modules import the engine (``npudoctor.engine.check``,
-``npudoctor.patching.fixbase``), so the engine finds them by name at run time, the way plugins are found,
-and npudoctor's import graph stays free of cycles (``tests/engine/test_import_graph.py``)."""
+This module is the one place that gathers the kinds: it imports the check model
+(``npudoctor.engine.check``) and the catalog (``npudoctor.engine.catalog``), one way (in
+``all_checks``); neither imports it back. The check and fix folders are named, not imported: their
+modules import the engine (``npudoctor.engine.check``, ``npudoctor.patching.fixbase``), so the
+engine finds them by name at run time, the way plugins are found, and npudoctor's import graph
+stays free of cycles (``tests/engine/test_import_graph.py``)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,13 @@ import importlib
 import importlib.util
 import pkgutil
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.errors import unknown_ids
+
+if TYPE_CHECKING:
+    from npudoctor.engine.check import Check
 
 T = TypeVar("T")
 
@@ -27,33 +34,47 @@ def module_names(package: str, prefix: str = "") -> Iterator[str]:
             yield f"{package}.{info.name}"
 
 
-def discover(package: str, attribute: str, kind: type[T]) -> list[T]:
-    """The ``attribute`` object (an instance of ``kind``) of every module in ``package``, by id."""
+def discover(package: str, attribute: str, of_type: type[T]) -> list[T]:
+    """The ``attribute`` object (an instance of ``of_type``) of every module in ``package``, by id."""
     found: dict[str, T] = {}
     for name in module_names(package):
         module = importlib.import_module(name)
         item = getattr(module, attribute, None)
-        if isinstance(item, kind):
+        if isinstance(item, of_type):
             if item.id in found:  # type: ignore[attr-defined]
                 raise RuntimeError(f"duplicate id {item.id} in {name}")  # type: ignore[attr-defined]
             found[item.id] = item  # type: ignore[attr-defined]
     return [found[key] for key in sorted(found)]
 
 
-def catalog_records() -> tuple:
-    """The known-defect catalog's records (``npudoctor.engine.catalog``), found by name like the
-    check modules: the catalog builds on ``Check``, so the engine must not import it."""
-    return importlib.import_module("npudoctor.engine.catalog").all_records()
+def all_checks() -> list[Check]:
+    """Every check module in ``npudoctor.checks``, ordered by id (the deep checks, then the
+    generic properties), then every record of the known-defect catalog. The model and the catalog
+    are imported here, not at the top: a runtime fix in sglang's processes finds its module through
+    ``module_names`` and must not load them."""
+    from npudoctor.engine.catalog import all_records
+    from npudoctor.engine.check import Check
+    from npudoctor.results import Impact
+
+    checks = discover("npudoctor.checks", "CHECK", Check)
+    for check in checks:
+        kind = getattr(check, "kind", None)  # every decision by kind reads it: a check without one is a bug
+        if not isinstance(kind, CheckKind) or not kind.owns(check.id):
+            raise RuntimeError(f"check {check.id} names no kind whose prefix its id carries (CheckKind)")
+        if not isinstance(getattr(check, "impact", None), Impact):  # the gate grades every finding by it
+            raise RuntimeError(f"check {check.id} names no impact (npudoctor.results.Impact)")
+    return checks + list(all_records())
 
 
 def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
-    """``items`` whose id is in ``ids``, in the order given; when empty, those selected by default
-    (not the generic properties, ``Check.default_selected``). As ruff's rule selectors: a value may
-    list several ids with commas, a prefix selects every id it starts (``NPD``: the seven checks,
-    ``NPC``: the catalog, ``NPP``: the properties, ``NPC01``: NPC010..NPC019), and ``ALL`` selects
-    everything. A value that is neither an id nor a prefix of one is an input error."""
+    """``items`` (checks, or fixes: a fix has the id and so the kind of the check it cures) whose id
+    is in ``ids``, in the order given; when empty, those of a kind selected by default
+    (``CheckKind.default_selected``: not the generic properties). As ruff's rule selectors: a value
+    may list several ids with commas, a prefix selects every id it starts (a kind's prefix, as
+    ``NPC``, selects the kind; ``NPC01``: NPC010..NPC019), and ``ALL`` selects everything. A value
+    that is neither an id nor a prefix of one is an input error."""
     if not ids:
-        return [item for item in items if getattr(item, "default_selected", True)]
+        return [item for item in items if CheckKind.of(item.id).default_selected]  # type: ignore[attr-defined]
     known = {item.id: item for item in items}  # type: ignore[attr-defined]
     wanted = [part.strip().upper() for value in ids for part in value.split(",") if part.strip()]
     chosen: list[str] = []

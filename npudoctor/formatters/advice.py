@@ -21,10 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.formatters import FORMATS as FORMATS  # advise renders every format check does
 from npudoctor.formatters import github, junit, markdown, sarif
 from npudoctor.formatters.layout import Rows, Trimmed
-from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
+from npudoctor.formatters.text import STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
 from npudoctor.service.planning import UserOptions, hint
@@ -57,7 +58,7 @@ def render(advice: Advice, format_name: str, tool_version: str) -> str:
 
 def _columns(advice: Advice) -> tuple[list[str], list[str]]:
     """The checks, one column each, and the catalog records, one column for all of them."""
-    records = [i for i in advice.check_ids if i.startswith(CATALOG_PREFIX)]
+    records = [i for i in advice.check_ids if CheckKind.of(i) is CheckKind.CATALOG]
     return [i for i in advice.check_ids if i not in records], records
 
 
@@ -75,7 +76,7 @@ def catalog_cell(row: Row, records: list[str]) -> tuple[Status | None, list[str]
 
 # ----- text -----------------------------------------------------------------------------
 class Matrix:
-    """The release x check matrix where it fits the width (no vertical rules and no edges: seven
+    """The release x check matrix where it fits the width (no vertical rules and no edges: the deep
     checks, the catalog and the marks fit 80 columns); where it does not (more checks, ``--select
     NPP``; long release labels), one line per release naming the checks that are not pass or skip,
     so that no header is cut to ``NPD0...``. No line ends in blanks."""
@@ -150,7 +151,7 @@ def _table(advice: Advice) -> Table:
     for check_id in checks:
         table.add_column(check_id, no_wrap=True)
     if records:
-        table.add_column(f"{CATALOG_PREFIX}*", no_wrap=True)  # the catalog: the records it flags
+        table.add_column(CheckKind.CATALOG.heading, no_wrap=True)  # the catalog: the records it flags
     table.add_column("", no_wrap=True)
     for row in advice.rows:
         cells = []

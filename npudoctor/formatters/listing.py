@@ -18,6 +18,7 @@ from rich.console import Console, RenderableType
 from rich.markdown import Markdown
 from rich.text import Text
 
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.formatters.layout import Rows, Trimmed, Uncropped, Whole, group, print_whole
 
 
@@ -28,7 +29,7 @@ def fixed_in_history(item, facts=None) -> str:
     from npudoctor.deployment.facts import NO_DEPLOYMENT
     from npudoctor.target import history
 
-    if getattr(item, "is_catalog_record", False):  # its own ranges, derived from the wheels
+    if item.kind is CheckKind.CATALOG:  # its own ranges, derived from the wheels
         if item.first_fixed:
             return f"fixed in {item.first_fixed}"
         return f"not fixed as of {item.newest_checked}" if item.releases["affected"] else "-"
@@ -78,8 +79,8 @@ def explain_markdown(item, full: bool = False, facts=None) -> str:
     ):
         if text:
             lines += [f"### {heading}", "", _markdown(text), ""]
-    if not getattr(item, "default_selected", True):
-        lines += [f"Not in the default selection: runs with `--select {item.id[:3]}` (or `ALL`).", ""]
+    if not item.kind.default_selected:
+        lines += [f"Not in the default selection: runs with `--select {item.kind.prefix}` (or `ALL`).", ""]
     try:
         fix = fix_by_id(item.id)
     except KeyError:  # a check without a runtime fix (NPD000)
@@ -96,7 +97,7 @@ def explain_markdown(item, full: bool = False, facts=None) -> str:
     else:
         record = f"- Release history npudoctor checked: {_prose(answer)}"
         lines += [record + (f" (on {_prose(', '.join(witnesses))})." if witnesses else "."), ""]
-    if getattr(item, "is_catalog_record", False):
+    if item.kind is CheckKind.CATALOG:
         lines += _record_markdown(item, full)
         return "\n".join(lines)
     doc = (sys.modules[type(item).__module__].__doc__ or "").strip()

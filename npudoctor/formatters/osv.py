@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from npudoctor.engine.catalog import RANGE_KINDS, CatalogRecord, sort_key
+from npudoctor.engine.kinds import CheckKind
 
 OSV_SCHEMA_VERSION = "1.6.3"  # the newest released schema whose id admits ID_PREFIX
 ID_PREFIX = "x_npudoctor-"
@@ -90,7 +91,7 @@ def _details(record: CatalogRecord) -> str:
 def osv_records(checks: Sequence) -> list[dict[str, Any]]:
     """The OSV record of every catalogued defect among ``checks`` (the deep checks are not
     catalogue records: they have their own release history)."""
-    return [osv_record(c) for c in checks if isinstance(c, CatalogRecord)]
+    return [osv_record(c) for c in checks if c.kind is CheckKind.CATALOG]
 
 
 def check_entry(item) -> dict[str, Any]:
@@ -99,15 +100,15 @@ def check_entry(item) -> dict[str, Any]:
 
     entry: dict[str, Any] = {
         "id": item.id,
-        "kind": "catalog" if isinstance(item, CatalogRecord) else "check",
+        "kind": item.kind.listed_as,
         "title": item.title,
         "upstream": list(item.upstream),
         "release_history": fixed_in_history(item),
         "bites_when": item.bites_when,
         "impact": item.impact.value,
-        "runtime_fix": item.id if item.runtime_fix and not isinstance(item, CatalogRecord) else None,
+        "runtime_fix": item.id if item.runtime_fix else None,  # a record: its remedy's, below
     }
-    if isinstance(item, CatalogRecord):
+    if item.kind is CheckKind.CATALOG:
         entry["runtime_fix"] = item.remedy.fix
         entry["affected"] = list(item.releases["affected"])
         entry["fixed_in"] = item.first_fixed

@@ -46,7 +46,7 @@ def log(runs: list[dict[str, Any]]) -> str:
 
 def run_of(report: Report) -> dict[str, Any]:
     """One SARIF run: a report's rules and results."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     checks = {check.id: check for check in all_checks()}
     rule_index: dict[str, int] = {}

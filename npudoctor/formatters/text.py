@@ -25,7 +25,7 @@ import io
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
 from npudoctor.service.planning import UserOptions, fix_hint
@@ -286,7 +286,7 @@ def _quiet_record(result: Result) -> bool:
     """A catalog record (``NPC###``, ``npudoctor.engine.catalog``) that passes or cannot be triggered
     and no ignore entry touched: one line for all of them in the compact report."""
     return (
-        result.id.startswith(CATALOG_PREFIX)
+        CheckKind.of(result.id) is CheckKind.CATALOG
         and result.status in (Status.PASS, Status.SKIP)
         and result.ignored is None
     )
@@ -302,7 +302,7 @@ def _quiet_row(quiet: list[Result]) -> tuple[list, str]:
     counts = {s: sum(r.status is s for r in quiet) for s in (Status.SKIP, Status.PASS)}
     said = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     return (
-        [f"{CATALOG_PREFIX}*", Text("-", style="dim"), "static"],
+        [CheckKind.CATALOG.heading, Text("-", style="dim"), "static"],
         f"{len(quiet)} more catalog records: {said} (--verbose lists them)",
     )
 

@@ -466,7 +466,7 @@ def _child() -> int:
     answer = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
     from npudoctor.live.npusim import simulated_npu
     from npudoctor.patching import activation
     from npudoctor.target.discovery import discover

@@ -253,7 +253,7 @@ def _zygote() -> int:
     os.dup2(2, 1)  # what sglang prints must not mix with the answers
     sys.stdout = sys.stderr
     interpreters.die_with_parent(int(sys.argv[4]))
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
     from npudoctor.live.npusim import simulated_npu
     from npudoctor.target.discovery import discover
 
@@ -380,7 +380,7 @@ class Pool:
         import ``paths`` first on ``sys.path`` (``child_process.import_paths``), served by its
         zygote; ``fresh()`` starts a fresh child instead (other environments, trees not admitted,
         anything the zygote cannot answer). Returns an object with ``outcome()``."""
-        from npudoctor.engine.check import all_checks
+        from npudoctor.engine.registry import all_checks
 
         if not self.accepts(root) or _same_environment(env) != self.environment:
             return fresh()

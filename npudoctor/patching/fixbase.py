@@ -134,7 +134,7 @@ class Fix:
 
     @property
     def check(self) -> Check:
-        from npudoctor.engine.check import all_checks
+        from npudoctor.engine.registry import all_checks
 
         return next(c for c in all_checks() if c.id == self.id)
 

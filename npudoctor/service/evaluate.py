@@ -22,14 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from npudoctor.deployment.facts import Facts
-from npudoctor.engine.check import (
-    Check,
-    LiveOutcome,
-    all_checks,
-    collector_paused,
-    run_checks,
-    static_probes,
-)
+from npudoctor.engine.check import Check, LiveOutcome
+from npudoctor.engine.registry import all_checks
+from npudoctor.engine.running import collector_paused, run_checks, static_probes
 from npudoctor.live import child_process, toolenv
 from npudoctor.live.sealing import CAUSED_BY_HOST
 from npudoctor.patching.records import DIST_INFO

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.errors import InputError, NoTargetError
 from npudoctor.patching import activation, records
 from npudoctor.service import planning
@@ -77,7 +78,13 @@ def uncured(setting: FixSetting) -> list[Result]:
     names the release that fixes it and the workaround."""
     from npudoctor.service.runner import run
 
-    request = replace(setting.request, select=["NPC"], depth="static", with_fixes=[], recorded_fixes=False)
+    request = replace(
+        setting.request,
+        select=[CheckKind.CATALOG.prefix],
+        depth="static",
+        with_fixes=[],
+        recorded_fixes=False,
+    )
     return run(request).findings()
 
 

@@ -4,7 +4,7 @@ On a terminal it is rich's spinner, replaced line by line and gone when the run 
 (a CI log, ``2> file``) a spinner draws nothing useful and silence looks like a hang, so each step is
 one plain line with the seconds elapsed since the run started::
 
-    npudoctor: [0.0 s] checking sglang 0.5.12 (7 checks, depth auto)
+    npudoctor: [0.0 s] checking sglang 0.5.12 (7 check(s), 53 catalog record(s), depth auto)
     npudoctor: [0.4 s] live probes: importing sglang 0.5.12 on CPU
     npudoctor: [7.3 s] live probe NPD001: KV cache CPU offload/reload round-trips on the NPU pool
 

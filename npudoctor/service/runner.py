@@ -17,8 +17,10 @@ from npudoctor import __version__
 from npudoctor.deployment import ignores, load
 from npudoctor.deployment.launch import sglang_parser
 from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
-from npudoctor.engine.check import Check, LiveOutcome, all_checks, collector_paused
-from npudoctor.engine.registry import select
+from npudoctor.engine.check import Check, LiveOutcome
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks, select
+from npudoctor.engine.running import collector_paused
 from npudoctor.errors import InputError
 from npudoctor.results import Gate, Impact, Report
 from npudoctor.service.evaluate import evaluate, reuse
@@ -92,7 +94,7 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     # the collector stays paused until the source is released: resumed with the ASTs still alive,
     # its next full pass would traverse them all (measured: 1.8 s over 16 releases in `advise`)
     with collector_paused(), progress or contextlib.nullcontext():
-        records = sum(getattr(c, "is_catalog_record", False) for c in checks)
+        records = sum(c.kind is CheckKind.CATALOG for c in checks)
         counted = f"{len(checks) - records} check(s)" + (f", {records} catalog record(s)" if records else "")
         say(f"checking sglang {target.version} ({counted}, depth {request.depth})")
         live_step = live_steps(say, target)
@@ -150,7 +152,7 @@ def request_gate(request: CheckRequest, deploy: load.Deployment | None = None) -
 
 def _with_workarounds(results, checks: list[Check], request: CheckRequest) -> list:
     """Each catalog finding's workaround in the form the user gave the deployment (``service.workarounds``)."""
-    records = {c.id: c for c in checks if getattr(c, "is_catalog_record", False)}
+    records = {c.id: c for c in checks if c.kind is CheckKind.CATALOG}
     config = str(request.config) if request.config is not None else None
     return [
         with_workaround(r, records[r.id], config, request.launch_command) if r.id in records else r

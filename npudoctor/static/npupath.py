@@ -1,7 +1,7 @@
 """The deployment's whole NPU path, read from the source: the classes a role builds on Ascend and
 the functions they run, with the branches an Ascend host cannot take left out.
 
-The seven checks each follow one path (NPD001 the retraction's CPU copy, NPD005 the offload calls,
+The deep checks each follow one path (NPD001 the retraction's CPU copy, NPD005 the offload calls,
 NPD004 the CP prefill). The generic properties (``checks/npp00*``) ask one question of *every*
 function a deployment runs on an NPU: does each attribute read resolve on the class built
 (sglang#25249: ``NPUMLATokenToKVPool`` read ``self.kv_buffer`` it never defines), does each call

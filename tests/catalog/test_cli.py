@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from npudoctor.engine.catalog import all_records
+from npudoctor.engine.kinds import CheckKind
 
 TRUTHS = Path(__file__).resolve().parents[1] / "data" / "catalog"
 KNOWN = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(TRUTHS.glob("*.yaml"))}
@@ -136,6 +137,6 @@ def test_advise_text_gives_the_catalog_one_column_that_names_the_records(
     versions, config = advise_subject(record_id, release, tmp_path, monkeypatch)
     _, out, _ = cli("advise", "--config", config, "--select", record_id, "--releases", ",".join(versions))
     table = out.split("Recommendation:")[0].splitlines()
-    assert "NPC*" in table[1] and all(len(line) <= 80 for line in table)
+    assert CheckKind.CATALOG.heading in table[1] and all(len(line) <= 80 for line in table)
     rows = {line.split()[0]: line for line in table[3:] if line.strip()}
     assert record_id in rows[versions[0]] and " ok " in rows[versions[1]] + " "

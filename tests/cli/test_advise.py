@@ -14,7 +14,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from support.repo import EXAMPLES, fetch_sglang
+from npudoctor.engine.kinds import CheckKind
+
+from support.repo import EXAMPLES, check_folder_ids, fetch_sglang
 from support.truths import TRUTH, truth_present
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without indexer
@@ -113,7 +115,7 @@ def test_a_defect_that_comes_back_is_a_regression(cli, release_cache):
 def test_the_baseline_cures_are_the_fix_plan(cli, release_cache, release):
     """The fixes advise offers for the baseline are what `npudoctor fix` decides for that tree."""
     release_cache("0.5.12")
-    # the seven checks (NPD): the ones with runtime fixes; the catalog's records have none
+    # the deep checks (NPD): the ones with runtime fixes; the catalog's records have none
     _, data, _ = advise_json(cli, "--config", DEEPSEEK, "--releases", "0.5.12", "--select", "NPD")
     cures = {c["check_id"]: c["action"] for c in data["recommendation"]["cures"]}
     code, out, err = cli("fix", "--config", DEEPSEEK, "--sglang-path", release("0.5.12"), "--format", "json")
@@ -181,7 +183,7 @@ def test_offline_wheel_dir(cli, release, tmp_path, monkeypatch):
 
 
 def test_a_clean_baseline_exits_0_and_says_so(cli, release_cache):
-    release_cache("0.5.15")  # clean for the seven checks (the catalog has NPC072, NPC134 there)
+    release_cache("0.5.15")  # clean for the deep checks (the catalog has NPC072, NPC134 there)
     code, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.15", "--select", "NPD")
     assert code == 0
     assert "0.5.15 (the baseline) has no findings for this deployment" in " ".join(out.split())
@@ -191,7 +193,7 @@ def test_every_format(cli, release_cache, tmp_path, monkeypatch):
     """Every format says what the JSON says: DeepSeek-V3 PD fails NPD005 on 0.5.14 only (truths)."""
     release_cache("0.5.14", "0.5.15")
     assert truth_present("0.5.14", "NPD005", "mla") and not truth_present("0.5.15", "NPD005", "mla")
-    args = ("--config", DEEPSEEK, "--releases", "0.5.14..0.5.15", "--select", "NPD")  # the seven checks
+    args = ("--config", DEEPSEEK, "--releases", "0.5.14..0.5.15", "--select", "NPD")  # the deep checks
     _, data, _ = advise_json(cli, *args)
     failing = [
         [r["id"] for r in row["report"]["results"] if r["status"] == "fail"] for row in data["releases"]
@@ -245,7 +247,8 @@ def test_text_fits_80_columns(cli, release_cache, monkeypatch):
     _, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.14..0.5.15")
     table = out.splitlines()[1:5]
     assert all(len(line) <= 80 for line in table), table
-    assert table[0].split()[:8] == ["sglang", *(f"NPD00{i}" for i in range(7))]  # no id cut short
+    deep = check_folder_ids(CheckKind.DEEP)
+    assert table[0].split()[: 1 + len(deep)] == ["sglang", *deep]  # no id cut short
     command = f"npudoctor fix --apply --select NPD005 --config {DEEPSEEK}"
     assert any(line.endswith(command) for line in out.splitlines()), out  # one line, to copy
 

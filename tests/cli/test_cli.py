@@ -12,11 +12,12 @@ import pytest
 
 import npudoctor.service.runner
 from npudoctor.engine.catalog import all_records
+from npudoctor.engine.kinds import CheckKind
 from npudoctor.formatters import FORMATS
 from npudoctor.results import SCHEMA_VERSION
 
 from support.notorch import WITHOUT_TORCH
-from support.repo import EXAMPLES, REPO
+from support.repo import EXAMPLES, REPO, check_folder_ids
 from support.reports import json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
@@ -28,14 +29,17 @@ def test_json_contract(cli, release):
     assert report["target"]["version"] == "0.5.12"
     assert report["target"]["path"].endswith("sglang")
     ids = [r["id"] for r in report["results"]]
-    assert ids == [f"NPD00{i}" for i in range(7)] + [
+    assert ids == check_folder_ids(CheckKind.DEEP) + [
         r.id for r in all_records()
     ]  # the checks, then the catalog
     for result in report["results"]:
         assert {"id", "title", "status", "depth", "evidence", "remediation", "summary"} <= set(result)
     assert report["deployment"]["model"]["num_layers"] == 61
     findings = [r["id"] for r in report["results"] if r["status"] == "fail"]
-    assert [f for f in findings if f.startswith("NPD")] == ["NPD001", "NPD006"]  # known.yaml, 0.5.12
+    assert [f for f in findings if CheckKind.of(f) is CheckKind.DEEP] == [
+        "NPD001",
+        "NPD006",
+    ]  # known.yaml, 0.5.12
     assert report["summary"]["findings"] == len(findings)
 
 
@@ -259,7 +263,7 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     jsonschema.Draft4Validator(sarif_schema).validate(sarif)
     findings = {result["ruleId"]: result for result in sarif["runs"][0]["results"]}
     # the defects of 0.5.12 on DeepSeek-V3 PD (known.yaml); the catalog's records follow the checks
-    assert sorted(f for f in findings if f.startswith("NPD")) == ["NPD001", "NPD006"]
+    assert sorted(f for f in findings if CheckKind.of(f) is CheckKind.DEEP) == ["NPD001", "NPD006"]
     finding = findings["NPD001"]
     assert finding["level"] == "error"
     region = finding["locations"][0]["physicalLocation"]

@@ -28,8 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from npudoctor.engine.kinds import CheckKind
+
 from conftest import sweep
-from support.repo import EXAMPLES, REPO
+from support.repo import EXAMPLES, REPO, check_folder_ids
 from support.reports import result_of
 from support.truths import RELEASES, TRUTH, truth_present
 
@@ -58,8 +60,8 @@ def run_example(cli, subject, example: str, state: str, *args: str) -> tuple[int
 
 
 def statuses(report: dict) -> dict[str, str]:
-    """The seven checks' statuses; the catalog's records on the examples: tests/catalog/test_examples.py."""
-    return {r["id"]: r["status"] for r in report["results"] if r["id"].startswith("NPD")}
+    """The deep checks' statuses; the catalog's records on the examples: tests/catalog/test_examples.py."""
+    return {r["id"]: r["status"] for r in report["results"] if CheckKind.of(r["id"]) is CheckKind.DEEP}
 
 
 def _release_key(state: str) -> tuple[int, ...]:
@@ -178,7 +180,7 @@ def test_no_example_fails_on_the_newest_release(cli, subject, example):
     _, report = run_example(cli, subject, example, newest)
     own = TRUTH["deployments"].get(DEPLOYMENT_TRUTHS.get(example, ""), {})
     for result in report["results"]:
-        if not result["id"].startswith("NPD"):
+        if CheckKind.of(result["id"]) is not CheckKind.DEEP:
             continue  # a catalog record: tests/catalog/test_examples.py follows the derived ranges
         if newest in own.get(result["id"], {}):
             expected = "fail" if own[result["id"]][newest]["verdict"] == "present" else "pass"
@@ -520,7 +522,7 @@ def test_github_job_runs(subject, tmp_path, state):
     assert outputs["check"]["code"] == ("1" if buggy else "0")
     junit = ET.parse(tmp_path / "work" / "npudoctor.xml").getroot()
     cases = {c.get("name").split()[0]: c for c in junit.iter("testcase")}
-    assert sorted(c for c in cases if c.startswith("NPD")) == [f"NPD00{i}" for i in range(7)]
+    assert sorted(c for c in cases if CheckKind.of(c) is CheckKind.DEEP) == check_folder_ids(CheckKind.DEEP)
     assert (cases["NPD001"].find("failure") is not None) is buggy
 
     annotate = done["annotate"]

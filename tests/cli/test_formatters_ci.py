@@ -231,7 +231,7 @@ def test_sarif_rules_carry_short_help_and_the_upstream_pr(sarif_log):
     """Code scanning shows a rule's help beside the alert: each rule says why its defect matters
     and how to fix it (the check's own texts, a few sentences), names ``explain`` for the rest,
     and links its upstream pull request."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     checks = {check.id: check for check in all_checks()}
     for rule in sarif_log["runs"][0]["tool"]["driver"]["rules"]:

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from npudoctor.engine.catalog import CatalogRecord, all_records
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks
 from npudoctor.results import Impact
 
 from support.notorch import WITHOUT_TORCH
@@ -151,7 +152,7 @@ def test_every_check_and_record_names_an_impact():
     checks = all_checks()
     assert all(isinstance(c.impact, Impact) for c in checks)
     leaks_or_slow = {c.id for c in checks if c.impact in (Impact.LEAK, Impact.PERFORMANCE)}
-    assert LEAK in leaks_or_slow and not any(i.startswith(("NPD", "NPP")) for i in leaks_or_slow)
+    assert LEAK in leaks_or_slow and all(CheckKind.of(i) is CheckKind.CATALOG for i in leaks_or_slow)
 
 
 def test_a_record_without_an_impact_is_refused():
@@ -287,7 +288,11 @@ def test_fix_lists_the_findings_no_fix_cures(cli, release, tmp_path, monkeypatch
     assert code == 0, err
     uncured = {u["id"]: u for u in json.loads(out)["uncured"]}
     _, gate, _ = _check(cli, tree, deployment)
-    red = {r["id"] for r in gate["results"] if r["status"] == "fail" and r["id"].startswith("NPC")}
+    red = {
+        r["id"]
+        for r in gate["results"]
+        if r["status"] == "fail" and CheckKind.of(r["id"]) is CheckKind.CATALOG
+    }
     assert red and set(uncured) == red, (uncured, red)
     assert uncured[HANG]["fixed_in"] and "workaround" in uncured[HANG]["advice"]
     code, out, _ = cli("fix", "--sglang-path", tree, "--config", deployment, *extra)

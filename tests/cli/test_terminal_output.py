@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks
 from npudoctor.patching.fixbase import all_fixes
 
 from support.repo import EXAMPLES, fetch_sglang
@@ -70,7 +71,9 @@ def folded(report: dict) -> set[str]:
     return {
         r["id"]
         for r in report["results"]
-        if r["id"].startswith("NPC") and r["status"] in ("pass", "skip") and r["ignored"] is None
+        if CheckKind.of(r["id"]) is CheckKind.CATALOG
+        and r["status"] in ("pass", "skip")
+        and r["ignored"] is None
     }
 
 
@@ -112,7 +115,7 @@ def test_check_report_fits_the_width_and_keeps_paths_and_the_fix_command_whole(
         assert [row for row in rows if row.split()[0] == result["id"]].__len__() == 1, (result["id"], rows)
         row = next(row for row in rows if row.split()[0] == result["id"])
         assert result["status"].upper() in row.split() and result["depth"] in row.split()
-    (catalog,) = [row for row in rows if row.startswith("NPC*")]
+    (catalog,) = [row for row in rows if row.startswith(CheckKind.CATALOG.heading)]
     assert f"{len(folded(report))} more catalog records" in catalog
     assert len(rows) == len(own_rows(report)) + 1
     for result in report["results"]:  # each finding in a few lines, under its status, id and title

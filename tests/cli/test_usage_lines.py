@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.registry import all_checks
 from npudoctor.formatters import FORMATS
 from npudoctor.patching.fixbase import all_fixes
 

@@ -3,7 +3,9 @@
 The graph is read with ``ast`` from the source (``npudoctor/``, ``checks/`` installed as
 ``npudoctor.checks``, ``fixes/`` as ``npudoctor.fixes``): every ``import`` and ``from ... import``,
 also inside functions and under ``TYPE_CHECKING`` (a lazy import is still a dependency), relative
-imports resolved. A package's ``__init__`` is an edge only where a module imports it by name.
+imports resolved, and every ``importlib.import_module("a.literal.name")`` (a module imported by
+its spelled-out name is a dependency too; a name computed at run time, the way the check and fix
+folders are discovered, is not one the source can show). A package's ``__init__`` is an edge only where a module imports it by name.
 """
 
 from __future__ import annotations
@@ -45,7 +47,21 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 module = node.module or ""
             for alias in node.names:  # `from pkg import submodule` imports the submodule
                 found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+        elif _imported_by_name(node):
+            found.add(node.args[0].value)
     return {m for m in found if m in known and m != name}
+
+
+def _imported_by_name(node: ast.AST) -> bool:
+    """Whether ``node`` is ``importlib.import_module("literal")`` (or ``import_module("literal")``)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    func = node.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module"
+    )
+    first = node.args[0]
+    return named and isinstance(first, ast.Constant) and isinstance(first.value, str)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -102,6 +118,27 @@ def test_the_graph_is_read():
     assert any(name.startswith("npudoctor.checks.npd001") for name in graph)
     # a lazy import inside a function counts
     assert "npudoctor.patching.fixbase" in graph["npudoctor.patching.activation"]
+
+
+def test_a_module_imported_by_its_literal_name_is_an_edge(tmp_path):
+    """``importlib.import_module("npudoctor.x")`` hides an edge from ``import`` statements alone:
+    the registry once reached the catalog that way, a cycle through the check model."""
+    known = {
+        "npudoctor.a": tmp_path / "a.py",
+        "npudoctor.b": tmp_path / "b.py",
+        "npudoctor.c": tmp_path / "c.py",
+    }
+    known["npudoctor.a"].write_text(
+        "import importlib\n"
+        "from importlib import import_module\n"
+        "def late(name):\n"
+        "    importlib.import_module('npudoctor.b')\n"
+        "    import_module('npudoctor.c')\n"
+        "    importlib.import_module(name)\n"
+        "    importlib.import_module(f'npudoctor.{name}')\n",
+        encoding="utf-8",
+    )
+    assert imports_of("npudoctor.a", known["npudoctor.a"], known) == {"npudoctor.b", "npudoctor.c"}
 
 
 def test_no_import_cycles():

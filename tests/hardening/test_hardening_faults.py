@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks
 from npudoctor.patching import records
 from npudoctor.patching.planfile import BOOTSTRAP_DIR
 
@@ -42,8 +43,8 @@ def one_error_line(err: str) -> str:
 
 
 def statuses(report: dict) -> dict[str, str]:
-    """The seven checks' statuses (the catalog's records follow them in every report)."""
-    return {r["id"]: r["status"] for r in report["results"] if r["id"].startswith("NPD")}
+    """The deep checks' statuses (the catalog's records follow them in every report)."""
+    return {r["id"]: r["status"] for r in report["results"] if CheckKind.of(r["id"]) is CheckKind.DEEP}
 
 
 # -- no sglang ----------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from npudoctor.engine.kinds import CheckKind
+
 from conftest import QUICK_STATES, sweep
 from support.repo import EXAMPLES, fetch_sglang
 from support.truths import KIND_FAMILY, TRUTH, expected_status
@@ -53,7 +55,7 @@ def test_every_check_probes_live(version, deployment, live_report):
         probed = result["depth"] == "live" or any(a.startswith("live depth: ") for a in result["assumptions"])
         # every check ran its live probe, except one out of the deployment's scope (a skip); NPD000 and
         # the catalog's records (NPC) have none: they answer from the source
-        static_only = result["id"] == "NPD000" or result["id"].startswith("NPC")
+        static_only = result["id"] == "NPD000" or CheckKind.of(result["id"]) is CheckKind.CATALOG
         assert probed or result["status"] == "skip" or static_only, result
     # on a release with verified truths, the auto verdict is the truth wherever the check applies
     for check_id in TRUTH["releases"].get(version, {}):

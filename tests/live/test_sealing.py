@@ -141,7 +141,8 @@ def test_a_hub_error_that_ends_a_probe_is_cannot_tell(release):
         import json
         from pathlib import Path
         from npudoctor.deployment.load import from_yaml, shell_env
-        from npudoctor.engine.check import LiveOutcome, all_checks
+        from npudoctor.engine.check import LiveOutcome
+        from npudoctor.engine.registry import all_checks
         from npudoctor.live import child_process, processstate
         from npudoctor.live.npusim import simulated_npu
         from npudoctor.target.discovery import discover

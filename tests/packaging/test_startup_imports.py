@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.engine.check import all_checks
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks
 from npudoctor.patching.planfile import BOOTSTRAP_DIR
 
 from support.repo import EXAMPLES
@@ -47,7 +48,7 @@ def _loaded(code: str, env: dict[str, str] | None = None) -> tuple[list[str], st
 def test_the_probe_modules_are_found():
     """Every check with a live probe keeps it in a ``live`` module this test can find (the static-only
     properties NPP* have none), so the test below that no live module is loaded means something."""
-    checks = [c for c in all_checks() if not getattr(c, "is_catalog_record", False)]  # records are data
+    checks = [c for c in all_checks() if c.kind is not CheckKind.CATALOG]  # records are data
     live = {p.split(".")[2].split("_")[0].upper() for p in PROBES if p.endswith(".live")}
     assert {c.id for c in checks if c.has_live} == live
 

@@ -49,7 +49,7 @@ def _apply(cli, tree) -> list[str]:
 
 
 def _check(cli, tree, *options) -> tuple[int, dict]:
-    """The seven checks (``--select NPD``), the ones runtime fixes cure; the catalog's records of this
+    """The deep checks (``--select NPD``), the ones runtime fixes cure; the catalog's records of this
     deployment on 0.5.12 (its prefill PP 2: NPC072) have no runtime fix."""
     code, out, err = cli(
         "check", "-f", "json", "--sglang-path", tree, "--config", DEEPSEEK_PD, "--select", "NPD", *options

@@ -1,5 +1,5 @@
 """The generic properties are selected like ruff's rules outside its default set: a plain ``check``
-runs the seven checks and the catalog; ``--select NPP`` (or ``ALL``) runs the properties, through
+runs the deep checks and the catalog; ``--select NPP`` (or ``ALL``) runs the properties, through
 the same engine, formats and exit codes as every other check."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from npudoctor.engine.check import all_checks
-from npudoctor.engine.registry import select
+from npudoctor.engine.kinds import CheckKind
+from npudoctor.engine.registry import all_checks, select
 
-from support.repo import EXAMPLES
+from support.repo import EXAMPLES, check_folder_ids
 
 KNOWN = {
     k["name"]: k
@@ -26,12 +26,12 @@ def ids(selection: list[str]) -> list[str]:
 
 def test_the_default_selection_leaves_the_properties_out():
     chosen = ids([])
-    assert chosen and not [i for i in chosen if i.startswith("NPP")]
-    assert {i[:3] for i in chosen} == {"NPD", "NPC"}
+    assert chosen and not [i for i in chosen if CheckKind.of(i) is CheckKind.PROPERTY]
+    assert {CheckKind.of(i) for i in chosen} == {CheckKind.DEEP, CheckKind.CATALOG}
 
 
-def test_npp_selects_the_four_properties_and_all_selects_everything():
-    assert ids(["NPP"]) == ["NPP001", "NPP002", "NPP003", "NPP004"]
+def test_npp_selects_the_properties_and_all_selects_everything():
+    assert ids(["NPP"]) == check_folder_ids(CheckKind.PROPERTY)
     assert set(ids(["ALL"])) == {c.id for c in all_checks()}
     assert ids(["NPD001,NPP001"]) == ["NPD001", "NPP001"]
 

@@ -42,7 +42,7 @@ def _decide(fix, config: str, unsafe: bool):
 
 
 def _probe(check_id: str, config: str) -> dict:
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
     from npudoctor.live.npusim import npu_runtime
     from npudoctor.target.discovery import discover
 

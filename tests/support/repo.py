@@ -1,5 +1,5 @@
-"""The repository the tests run from: its root, its example deployments, and
-``scripts/fetch_sglang.py`` (real sglang releases from PyPI, cached) loaded as a module."""
+"""The repository the tests run from: its root, its example deployments, the checks its folders
+define, and ``scripts/fetch_sglang.py`` (real sglang releases from PyPI, cached) loaded as a module."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ EXAMPLES = REPO / "examples"
 _spec = importlib.util.spec_from_file_location("fetch_sglang", REPO / "scripts" / "fetch_sglang.py")
 fetch_sglang = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fetch_sglang)
+
+
+def check_folder_ids(kind) -> list[str]:
+    """The ids the check folders define for ``kind`` (a ``CheckKind``: ``checks/<id>_<name>/``), in
+    order: what a test expects of the registry, read without it."""
+    ids = (path.name.split("_")[0].upper() for path in (REPO / "checks").iterdir() if path.is_dir())
+    return sorted(i for i in ids if kind.owns(i))
 
 
 def source_copy(destination: Path) -> Path:

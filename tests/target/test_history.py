@@ -129,7 +129,7 @@ def test_list_explain_and_check_say_the_same_for_every_check(cli):
     history: a check listed "fixed in X" is fixed in X in the report's remediation, one "not fixed
     as of Y" is unfixed as of Y there (NPD003 was "fixed in 0.5.12" in ``list`` while its
     findings on MHA models said no release fixes it)."""
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     code, listed, _ = cli("list")
     assert code == 0
@@ -222,7 +222,7 @@ def test_history_takes_only_reports_that_answer_its_question(tmp_path):
     turned DeepSeek-V3's NPD005 failure into a pass)."""
     import importlib.util
 
-    from npudoctor.engine.check import all_checks
+    from npudoctor.engine.registry import all_checks
 
     from support.repo import REPO
 
