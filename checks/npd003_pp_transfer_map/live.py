@@ -11,14 +11,12 @@ import contextlib
 import dataclasses
 import gc
 import importlib
-import inspect
-import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
 from npudoctor.engine.check import Probe
@@ -32,10 +30,6 @@ PP_MODULE = "sglang.srt.distributed.utils"
 # exercised with more than one transfer block per buffer.
 PREFILL_PAGES = (0, 1, 3)
 DECODE_PAGES = (2, 3, 1)
-# sglang raising because the probe has not published what a scheduler process publishes:
-# the runtime context's config namespaces (0.5.2x), the legacy global server args (<= 0.5.13)
-_UNPUBLISHED = re.compile(r"config namespace '\w+' not published|Global server args is not set yet")
-T = TypeVar("T")
 _SHOWN_PAIRS = 4  # wrong pairs quoted per stage
 
 
@@ -337,7 +331,7 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
         recorder.blocks.clear()
         path.clear()
         with (
-            _stage_topology(role, stage),
+            processstate.pipeline_stage(role, stage),
             concurrent.futures.ThreadPoolExecutor(max_workers=2) as executor,
             _traced(path),
         ):
@@ -350,7 +344,7 @@ def send_one_request(manager: Any, stage: int, prefill: Side, decode: Side, role
             )
 
     try:
-        processstate.in_role(role, lambda: _with_published_server_args(role, send, prefill.model))
+        processstate.in_role(role, lambda: processstate.with_server_args(role, send, prefill.model))
     except AttributeError as error:
         if getattr(error, "obj", None) in (manager, recorder):
             raise ShimGap(f"{type(error.obj).__name__}.{error.name}") from error
@@ -375,112 +369,6 @@ def _decode_blocks(mapping: StageMapping, blocks, source_book: AddressBook, targ
         mapping.sent.setdefault(slot, set()).add(landed[0] if landed else None)
         if length > source_room or (landed is not None and length > landed[1]):
             mapping.overruns += 1
-
-
-class _StageGroup:
-    """The PP process group of one prefill stage, as ``get_parallel().pp_group`` exposes it."""
-
-    def __init__(self, rank: int, size: int):
-        self.rank_in_group = rank
-        self.world_size = size
-        self.is_first_rank = rank == 0
-        self.is_last_rank = rank == size - 1
-
-
-@contextlib.contextmanager
-def _stage_topology(role: RoleFacts, stage: int) -> Iterator[None]:
-    """On releases with a runtime parallel context (``sglang.srt.runtime_context``), this
-    stage's place in the pipeline: 0.5.2x reads ``get_parallel().pp_group.is_last_rank`` to
-    decide whether the stage sends draft KV."""
-    runtime = sys.modules.get(processstate.RUNTIME_MODULE)
-    if runtime is None or not hasattr(runtime, "get_parallel"):
-        yield
-        return
-    group = _StageGroup(stage, role.pp_size)
-    with runtime.get_parallel().override(pp_size=role.pp_size, pp_rank=stage, pp_group=group):
-        yield
-
-
-def _with_published_server_args(role: RoleFacts, call: Callable[[], T], model: ModelFacts | None = None) -> T:
-    """Run ``call``; if sglang finds a config namespace unpublished (0.5.23's transfer path
-    reads ``get_memory().enable_unified_memory``), publish the role's server arguments as the
-    scheduler process has them, run it again, and restore the runtime context afterwards.
-
-    Releases without a runtime context publish them as the legacy global server args
-    (``set_global_server_args_for_scheduler``, which their ``ModelRunner`` calls): code that
-    asks for them there (a runtime fix reading the served model's ``ModelConfig``) gets the
-    role's, with ``model`` as the model config sglang memoises on them."""
-    try:
-        return call()
-    except ValueError as error:
-        if not _UNPUBLISHED.search(str(error)):
-            raise
-    runtime = sys.modules.get(processstate.RUNTIME_MODULE)
-    server_args_class = importlib.import_module(processstate.SERVER_ARGS_MODULE).ServerArgs
-    in_context = runtime is not None and hasattr(runtime, "get_context")
-    record = dataclasses.is_dataclass(server_args_class)
-    if not in_context or record:
-        # a dataclass record (<= 0.5.19) is published without its __post_init__, which asks the device
-        try:
-            with processstate.published_server_args(role, model):
-                return call()
-        except Exception as error:
-            if not (in_context and processstate.needs_process_state(error)):
-                raise
-            # 0.5.19's publish resolves the record, which asks the device: set it into the context as is
-    context = runtime.get_context()
-    accepted = inspect.signature(server_args_class).parameters
-    given = {k: v for k, v in role.server_args.items() if k in accepted}
-    given["disaggregation_mode"] = role.disaggregation_mode
-    given["model_path"] = processstate.PROBE_MODEL_PATH  # the deployment's own model is memoised below
-    saved = [(part, _state_of(part)) for part in _context_parts(context)]
-    try:
-        if record:
-            server_args = processstate.dataclass_instance(server_args_class, given)
-        else:
-            server_args = server_args_class(**given)
-        if model is not None:
-            _memoise_model_config(server_args, processstate.served_model_config(model))
-        context.set_server_args(server_args)
-        return call()
-    finally:
-        for part, state in saved:
-            for name, value in state.items():
-                setattr(part, name, value)
-
-
-def _memoise_model_config(server_args: Any, config: Any) -> None:
-    """The served model's config where sglang memoises it on the server args: ``model_config``
-    (``ServerArgs.get_model_config``, up to 0.5.19) and ``_model_config`` (``model_config_of``,
-    0.5.20+), so code asking for the process's model config (``process_model_config``) gets the
-    deployment's model instead of reading ``config.json`` from the probe's model path."""
-    for name in ("model_config", "_model_config"):
-        with contextlib.suppress(AttributeError, TypeError):  # a record that takes no such attribute
-            setattr(server_args, name, config)
-
-
-def _context_parts(context: Any) -> list[Any]:
-    """The runtime context objects whose attributes ``set_server_args`` rebinds."""
-    flags = getattr(context, "flags", None)
-    parts = [context, getattr(context, "parallel", None), getattr(flags, "capture", None)]
-    return [part for part in parts if part is not None]
-
-
-def _state_of(obj: Any) -> dict[str, Any]:
-    """An object's attributes: its ``__dict__``, ``__slots__`` and msgspec struct fields."""
-    state = dict(getattr(obj, "__dict__", {}))
-    names = [name for cls in type(obj).__mro__ for name in _as_names(cls.__dict__.get("__slots__"))]
-    names += _as_names(getattr(type(obj), "__struct_fields__", None))
-    for name in names:
-        if not name.startswith("__") and hasattr(obj, name):
-            state[name] = getattr(obj, name)
-    return state
-
-
-def _as_names(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    return list(value) if isinstance(value, (tuple, list)) else []
 
 
 @contextlib.contextmanager

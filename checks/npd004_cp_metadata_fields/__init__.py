@@ -418,13 +418,13 @@ def _assumed_role(facts: Facts) -> RoleFacts:
 
 def _live_roles(facts: Facts, names: tuple[str, ...]) -> tuple[list[RoleFacts], tuple[str, ...]]:
     """The deployment's roles the static scope kept, or the assumed CP prefill role."""
-    from . import live as live_probe
+    from npudoctor.live.forwardpass import attention_dims
 
     described = [r for r in facts.roles if r.name in names]
     if described:
         return described, ()
     role = role_facts("prefill (assumed)", ASSUMED_SERVER_ARGS, {"ASCEND_USE_FIA": "1"}, facts.model)
-    dims = live_probe.attention_dims(facts.model, role)
+    dims = attention_dims(facts.model, role)
     model = (
         ""
         if facts.model

@@ -29,30 +29,34 @@ metadata lacks) fails with the raising file:line and the sglang calls that led t
 from __future__ import annotations
 
 import ast
-import builtins
-import contextlib
 import dataclasses
 import importlib
-import importlib.util
 import inspect
-import linecache
 import re
 import sys
-import traceback
 import types
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from npudoctor.deployment.facts import ModelFacts, RoleFacts
 from npudoctor.engine.check import Probe
 from npudoctor.lazy import lazy_module
-from npudoctor.live import processstate
+from npudoctor.live import processstate, sglangexpr
+from npudoctor.live.forwardpass import (
+    AttentionDims,
+    attention_dims,
+    calls_recorded,
+    extend_forward_batch,
+    forward_context,
+    radix_attention_layer,
+)
+from npudoctor.live.locations import Raised, code_location
 from npudoctor.live.processstate import (
+    attention_cp_group,
     dataclass_instance,
     environment,
     published_server_args,
+    sglang_globals_restored,
     unpublished_parallel_name,
     with_parallel,
 )
@@ -63,8 +67,6 @@ from npudoctor.static.source import FunctionRef, SourceTree
 from .static import cp_strategy_name
 
 torch = lazy_module("torch")  # executed by the first live probe, never by the static depth
-
-T = TypeVar("T")
 
 # The model-level preparation (0.5.11-0.5.15) and the CP-strategy preparation (0.5.15+).
 MODEL_PREPARATION = "prepare_context_parallel_metadata"
@@ -129,53 +131,9 @@ def workload_bytes(dims: AttentionDims) -> int:
     return cache + reference + queries
 
 
-def describe(batch: tuple[Request, ...]) -> str:
+def describe_batch(batch: tuple[Request, ...]) -> str:
     noun = "request" if len(batch) == 1 else "requests"
     return f"{len(batch)} {noun} ({'; '.join(str(r) for r in batch)})"
-
-
-# ----- the deployment's attention layer on one rank -----------------------------------------
-@dataclass(frozen=True)
-class AttentionDims:
-    """Per-rank attention sizes of one role: what ``RadixAttention`` holds in the real server."""
-
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    page_size: int
-    cp_size: int
-    attn_tp_size: int
-
-    @property
-    def scaling(self) -> float:
-        return self.head_dim**-0.5
-
-    def __str__(self) -> str:
-        return (
-            f"{self.q_heads} q heads / {self.kv_heads} KV heads x {self.head_dim} per rank "
-            f"(attention TP {self.attn_tp_size}), page size {self.page_size}"
-        )
-
-
-def attention_dims(model: ModelFacts | None, role: RoleFacts) -> AttentionDims:
-    """Heads per attention-TP rank: sglang splits tp_size into attention DP x CP x TP
-    (``dp_attention.compute_dp_attention_world_info``: attn_tp = tp / attn_dp / attn_cp);
-    KV heads are replicated when there are fewer than attention-TP ranks."""
-    dp_attention = str(role.server_args.get("enable_dp_attention", "")).lower() in ("true", "1")
-    attn_dp = role.dp_size if dp_attention else 1
-    attn_tp = max(1, role.tp_size // attn_dp // max(1, role.attn_cp_size))
-    heads = model.num_heads if model else 32
-    kv_heads = model.num_kv_heads if model else 4
-    return AttentionDims(
-        q_heads=max(1, heads // attn_tp),
-        kv_heads=max(1, kv_heads // attn_tp),
-        head_dim=model.head_dim if model else 128,
-        v_head_dim=model.v_head_dim if model else 128,
-        page_size=role.page_size,
-        cp_size=role.attn_cp_size,
-        attn_tp_size=attn_tp,
-    )
 
 
 # ----- tensors and the independent reference ----------------------------------------------
@@ -256,61 +214,6 @@ def causal_attention(
     return torch.einsum("hqk,khd->qhd", weights, v)
 
 
-# ----- the simulated device -------------------------------------------------------------------
-_FACTORIES = ("tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange")
-
-
-def _host(device: Any) -> Any:
-    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
-    return "cpu" if kind in ("cuda", "npu") else device
-
-
-@contextlib.contextmanager
-def accelerator_on_cpu() -> Iterator[None]:
-    """Tensors sglang puts on ``"cuda"``/``"npu"`` land on the CPU.
-
-    On Ascend, sglang's ``init_npu_backend`` imports ``torch_npu.contrib.transfer_to_npu``
-    (``hardware_backend/npu/utils.py``), which maps the CUDA device sglang's shared code
-    names (``device="cuda"`` in cp_utils) to the NPU. On this host the simulated NPU is the
-    CPU, so the same mapping goes to ``cpu``. Restored afterwards.
-    """
-    saved = {name: getattr(torch, name) for name in _FACTORIES}
-    saved_to = torch.Tensor.__dict__.get("to")
-    saved_cuda = torch.Tensor.__dict__.get("cuda")
-
-    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
-        def on_host(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("device") is not None:
-                kwargs["device"] = _host(kwargs["device"])
-            return original(*args, **kwargs)
-
-        return on_host
-
-    tensor_to = torch._C.TensorBase.to
-
-    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if args and isinstance(args[0], (str, torch.device)):
-            args = (_host(args[0]), *args[1:])
-        if kwargs.get("device") is not None:
-            kwargs["device"] = _host(kwargs["device"])
-        return tensor_to(self, *args, **kwargs)
-
-    for name, original in saved.items():
-        setattr(torch, name, factory(original))
-    torch.Tensor.to = to  # type: ignore[method-assign]
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        for name, original in saved.items():
-            setattr(torch, name, original)
-        for name, value in (("to", saved_to), ("cuda", saved_cuda)):
-            if value is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, value)
-
-
 # ----- the role's process state ------------------------------------------------------------
 def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str, Any]:
     """This CP rank's view of the role's parallel layout (attention TP rank 0)."""
@@ -328,37 +231,6 @@ def parallel_values(role: RoleFacts, dims: AttentionDims, rank: int) -> dict[str
         "enable_cp_tp_group_sharing": False,
         "enable_dp_attention": False,
     }
-
-
-@contextlib.contextmanager
-def sglang_state_restored() -> Iterator[None]:
-    """Module-level state the probed code sets is put back afterwards, so later probes in the
-    same live run see the process as it was: 0.5.15+ ``get_cp_strategy()`` caches the strategy
-    it builds in ``layers/cp/base._STRATEGY``. Globals that changed get their old value back
-    and new ones are removed, except submodules imported meanwhile (their packages keep them)."""
-    before = {
-        name: dict(vars(module))
-        for name, module in list(sys.modules.items())
-        if module is not None and (name == "sglang" or name.startswith("sglang."))
-    }
-    try:
-        yield
-    finally:
-        for name, saved in before.items():
-            module = sys.modules.get(name)
-            if module is None:
-                continue
-            current = vars(module)
-            for key in [
-                k for k, v in current.items() if k not in saved and not isinstance(v, types.ModuleType)
-            ]:
-                del current[key]
-            for key, value in saved.items():
-                if current.get(key, _ABSENT) is not value:
-                    current[key] = value
-
-
-_ABSENT = object()
 
 
 # ----- finding sglang's CP preparations -------------------------------------------------------
@@ -455,7 +327,7 @@ def _model_preparations(
             for node, taken in enclosing_tests(ref.node, call)
         )
         local = {a.arg for a in ref.parameters}
-        used = _free_names([call, *(t.node for t in tests)]) - local
+        used = sglangexpr.free_names([call, *(t.node for t in tests)]) - local
         found.append(
             Preparation(
                 MODEL_PREPARATION,
@@ -463,7 +335,7 @@ def _model_preparations(
                 Location(ref.relpath, call.lineno, ref.qualname),
                 tests,
                 call,
-                _bindings(tree, ref.path, used),
+                sglangexpr.import_bindings(tree, ref.path, used),
             )
         )
     return found
@@ -485,10 +357,11 @@ def _strategy_preparations(tree: SourceTree) -> list[Preparation]:
         parameter = ref.parameters[0].arg if ref.parameters else "forward_batch"
         call = ast.parse(f"{ref.name}(forward_batch)", mode="eval").body
         module = tree.module_name(ref.path)
-        names = _free_names([a.node for a in asserts]) - {parameter}
+        names = sglangexpr.free_names([a.node for a in asserts]) - {parameter}
         bindings = {name: (module, name) for name in names | {ref.name}}
         renamed = tuple(
-            dataclasses.replace(c, node=_rename(c.node, parameter, "forward_batch")) for c in asserts
+            dataclasses.replace(c, node=sglangexpr.renamed(c.node, parameter, "forward_batch"))
+            for c in asserts
         )
         found.append(
             Preparation(
@@ -505,95 +378,24 @@ def _strategy_preparations(tree: SourceTree) -> list[Preparation]:
     return found
 
 
-def _free_names(expressions: list[ast.expr]) -> set[str]:
-    """Names the expressions read that are not builtins."""
-    builtin = set(dir(builtins))
-    return {
-        node.id
-        for expression in expressions
-        for node in ast.walk(expression)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in builtin
-    }
-
-
-def _bindings(tree: SourceTree, path: Path, names: set[str]) -> dict[str, tuple[str, str]]:
-    """Where each name comes from in the module at ``path``: its ``from X import name`` (at any
-    depth of the module body), or the module itself when it defines the name."""
-    module = tree.parse(path)
-    found: dict[str, tuple[str, str]] = {}
-    for node in ast.walk(module) if module is not None else ():
-        if isinstance(node, ast.ImportFrom):
-            source = tree.absolute_module(path, node)
-            for alias in node.names:
-                bound = alias.asname or alias.name
-                if bound in names:
-                    found.setdefault(bound, (source, alias.name))
-    for name in names - set(found):
-        found[name] = (tree.module_name(path), name)
-    return found
-
-
-def _rename(expression: ast.expr, old: str, new: str) -> ast.expr:
-    """``expression`` with the name ``old`` read as ``new`` (a parameter read as the caller's argument)."""
-    copy = ast.parse(ast.unparse(expression), mode="eval").body
-    for node in ast.walk(copy):
-        if isinstance(node, ast.Name) and node.id == old:
-            node.id = new
-    return ast.copy_location(copy, expression)
-
-
 def _evaluate(expression: ast.expr, preparation: Preparation, names: dict[str, Any]) -> Any:
-    """Evaluate one expression of sglang's source with the names its module's imports bind,
-    as the caller would; tracebacks point at the expression's sglang file and line."""
-    scope: dict[str, Any] = {}
-    for name, (module_name, attribute) in preparation.bindings.items():
-        module = sys.modules.get(module_name)
-        if module is None:
-            note = IMPORT_ERRORS.get(module_name, "not imported before the probe")
-            raise CannotProbe(f"{name} comes from {module_name}, which is not loaded ({note})")
-        if not hasattr(module, attribute):
-            raise CannotProbe(f"{module_name} has no {attribute} once imported")
-        scope[name] = getattr(module, attribute)
-    code = compile(ast.fix_missing_locations(ast.Expression(expression)), preparation.filename, "eval")
-    return eval(code, scope, names)  # noqa: S307 - sglang's own source, its modules already imported
+    """Evaluate one expression of the preparation's sglang source as its caller would
+    (``sglangexpr.evaluate``); a name from a module that is not loaded: the probe cannot tell."""
+    try:
+        return sglangexpr.evaluate(
+            expression, preparation.filename, preparation.bindings, names, IMPORT_ERRORS
+        )
+    except sglangexpr.NotLoaded as gap:
+        raise CannotProbe(str(gap)) from None
 
 
 # ----- one CP rank --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Failure:
-    """An exception in sglang code: type, message and the raising sglang frame."""
+class Failure(Raised):
+    """An exception on the CP path (``Raised``), and where on the path it was raised."""
 
-    kind: str
-    message: str
-    location: Location | None
     on_metadata: bool = False  # an AttributeError on the CP metadata object
     stage: str = "attention"  # "preparation", "sharding" (the CP strategy splitting the batch) or "attention"
-    # an AttributeError on None: sglang's code used a value sglang's code returned as None (e.g. 0.5.23
-    # InterleaveCPStrategy.run_attention returns None and do_cp_attn_fia calls .view on it), not an
-    # attribute npudoctor's stand-in backend or layer lacks
-    on_none: bool = False
-    # the exception comes from a ``raise`` statement of sglang's own code (its innermost frame is
-    # sglang's, at a raise), not from a CPU reference kernel or the simulated process group sglang
-    # called, nor from an operation that failed in sglang's code
-    raised_by_sglang: bool = False
-    # the innermost frame of sglang or npudoctor code the exception passed is sglang's (it failed in
-    # sglang's own code, or in a library sglang called there), not npudoctor's (a CPU reference
-    # kernel, the simulated process group, a stand-in)
-    in_sglang_code: bool = False
-    # the sglang frames it passed through, outermost first (the last is ``location``)
-    frames: tuple[Location, ...] = ()
-
-    def __str__(self) -> str:
-        where = f" at {self.location.path}:{self.location.line}" if self.location else ""
-        return f"{self.kind}: {self.message}{where}"
-
-    @property
-    def through(self) -> str:
-        """``; reached through a.py:1 (f) -> b.py:2 (g)``: the sglang calls that led to the raise."""
-        outer = self.frames[:-1]
-        if not outer:
-            return ""
-        return "; reached through " + " -> ".join(f"{f.path}:{f.line} ({f.symbol})" for f in outer)
 
 
 @dataclass(frozen=True)
@@ -637,7 +439,7 @@ def run_preparation(
 ) -> PreparationRun:
     """Run the CP attention for every CP rank of the role with metadata from ``preparation``:
     a batch of several requests, or one request where the preparation refuses several."""
-    with sglang_state_restored():
+    with sglang_globals_restored():
         return _run_batches(backend_cls, method, preparation, role, dims)
 
 
@@ -703,6 +505,8 @@ def _rank_in_role(
     rank: int,
     collectives: Any,
 ) -> RankResult:
+    from npudoctor.live.npusim import accelerator_on_cpu
+
     group = collectives.group(rank)
 
     def probe() -> RankResult:
@@ -724,7 +528,9 @@ def _rank_in_role(
 def _run_rank(
     backend_cls: type, method: str, preparation: Preparation, dims: AttentionDims, load: Workload, rank: int
 ) -> RankResult:
-    forward_batch = _forward_batch(load)
+    forward_batch = extend_forward_batch(
+        [r.prefix for r in load.batch], [r.extend for r in load.batch], load.position_of, load.slots
+    )
     names = _caller_names(forward_batch, load, dims, rank)
     try:
         refused = tuple(
@@ -759,8 +565,8 @@ def _run_rank(
     backend = stand_in_backend(backend_cls, load, dims, pool)
     if "token_to_kv_pool" in {f.name for f in dataclasses.fields(forward_batch)}:
         forward_batch.token_to_kv_pool = pool  # 0.5.11/0.5.12 save through the batch's pool
-    layer = stand_in_layer(dims)
-    reached = _traced(backend, method)
+    layer = radix_attention_layer(dims)
+    reached = calls_recorded(backend, method)
     from npudoctor.live.npusim import npu_only_imports_bound
 
     try:
@@ -772,52 +578,11 @@ def _run_rank(
     return dataclasses.replace(compare(output, load, origin, blocks, rank, dims), reached=bool(reached))
 
 
-def _traced(backend: Any, method: str) -> list[bool]:
-    """Record (in the list returned) whether the layer reaches ``method`` on this backend: the
-    installed method (or a fix's replacement), called through an instance attribute."""
-    reached: list[bool] = []
-    original = getattr(backend, method)
-
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        reached.append(True)
-        return original(*args, **kwargs)
-
-    setattr(backend, method, traced)
-    return reached
-
-
 def _reraise_parallel(error: Exception) -> None:
     """A missing runtime parallel field is the probe's setup, not a finding: let
     ``with_parallel`` add it and run the rank again."""
     if unpublished_parallel_name(error) is not None:
         raise error
-
-
-def _forward_batch(load: Workload) -> Any:
-    """A real ``ForwardBatch`` of a pure CP extend, holding what the CP preparation and the layer
-    read (``out_cache_loc``: the slots the layer saves the extend tokens' K/V to)."""
-    module = importlib.import_module("sglang.srt.model_executor.forward_batch_info")
-    batch = load.batch
-    extend = [r.extend for r in batch]
-    values = {
-        "forward_mode": module.ForwardMode.EXTEND,
-        "batch_size": len(batch),
-        "input_ids": torch.zeros(sum(extend), dtype=torch.int64),
-        "req_pool_indices": torch.arange(len(batch)),
-        "seq_lens": torch.tensor([r.total for r in batch]),
-        "seq_lens_cpu": torch.tensor([r.total for r in batch]),
-        "seq_lens_sum": sum(r.total for r in batch),
-        "extend_seq_lens": torch.tensor(extend),
-        "extend_seq_lens_cpu": extend,
-        "extend_prefix_lens": torch.tensor([r.prefix for r in batch]),
-        "extend_prefix_lens_cpu": [r.prefix for r in batch],
-        "extend_num_tokens": sum(extend),
-        "positions": torch.tensor(load.position_of),
-        "out_cache_loc": load.slots.to(torch.int64),
-        "attn_cp_metadata": None,
-        "global_num_tokens_cpu": None,
-    }
-    return dataclass_instance(module.ForwardBatch, values)
 
 
 def _caller_names(forward_batch: Any, load: Workload, dims: AttentionDims, rank: int) -> dict[str, Any]:
@@ -966,63 +731,6 @@ def kv_pool(load: Workload, dims: AttentionDims) -> Any:
     return pool
 
 
-@contextlib.contextmanager
-def forward_context(backend: Any) -> Iterator[None]:
-    """The forward context the model runner publishes around a forward (0.5.13+
-    ``model_executor/forward_context.py``: ``get_token_to_kv_pool()`` reads the backend's pool
-    there), with ``backend``; the previous one back afterwards. Releases without it: nothing."""
-    module = sys.modules.get("sglang.srt.model_executor.forward_context")
-    context_cls = getattr(module, "ForwardContext", None)
-    setter = getattr(module, "set_forward_context", None)
-    if context_cls is None or setter is None:
-        yield
-        return
-    previous = setter(context_cls(attn_backend=backend))
-    try:
-        yield
-    finally:
-        setter(previous)
-
-
-PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
-
-
-@contextlib.contextmanager
-def attention_cp_group(group: Any) -> Iterator[None]:
-    """``group`` as the process's attention-CP group (``parallel_state._ATTN_CP``, which
-    ``get_attn_cp_group()`` returns through 0.5.22; 0.5.23 reads it from the runtime parallel
-    context, where the probe's override sets ``attn_cp_group``); the previous value back after."""
-    module = sys.modules.get(PARALLEL_STATE)
-    if module is None or not hasattr(module, "_ATTN_CP"):
-        yield
-        return
-    previous = module._ATTN_CP
-    module._ATTN_CP = group
-    try:
-        yield
-    finally:
-        module._ATTN_CP = previous
-
-
-def stand_in_layer(dims: AttentionDims) -> Any:
-    """The ``RadixAttention`` fields the path reads, with the deployment's per-rank sizes."""
-    return types.SimpleNamespace(
-        tp_q_head_num=dims.q_heads,
-        tp_k_head_num=dims.kv_heads,
-        tp_v_head_num=dims.kv_heads,
-        qk_head_dim=dims.head_dim,
-        v_head_dim=dims.v_head_dim,
-        head_dim=dims.head_dim,
-        scaling=dims.scaling,
-        layer_id=0,
-        is_cross_attention=False,
-        sliding_window_size=-1,
-        logit_cap=0.0,
-        k_scale=None,
-        v_scale=None,
-    )
-
-
 def compare(
     output: Any, load: Workload, origin: torch.Tensor, blocks: list[int], rank: int, dims: AttentionDims
 ) -> RankResult:
@@ -1069,40 +777,11 @@ def compare(
 
 
 def failure_of(error: BaseException, metadata: Any, stage: str = "attention") -> Failure:
-    """The exception and the innermost sglang frame it passed through (file:line, qualified name)."""
-    every = list(traceback.walk_tb(error.__traceback__))
-    frames = [
-        Location(
-            frame.f_code.co_filename[frame.f_code.co_filename.rindex("/sglang/") + 1 :],
-            line or 0,
-            getattr(frame.f_code, "co_qualname", frame.f_code.co_name),
-        )
-        for frame, line in every
-        if "/sglang/" in frame.f_code.co_filename
-    ]
-    innermost = every[-1] if every else None
-    own = [f.f_code.co_filename for f, _ in every if _is_own_code(f.f_code.co_filename)]
-    in_sglang_code = bool(own) and "/sglang/" in own[-1]
-    raised_by_sglang = (
-        innermost is not None
-        and "/sglang/" in innermost[0].f_code.co_filename
-        and linecache.getline(innermost[0].f_code.co_filename, innermost[1] or 0).strip().startswith("raise")
-    )
+    """The exception (``Raised``), whether it is an attribute ``metadata`` lacks, and the stage."""
     on_metadata = (
         isinstance(error, AttributeError) and metadata is not None and getattr(error, "obj", None) is metadata
     )
-    on_none = isinstance(error, AttributeError) and "'NoneType' object" in str(error)
-    return Failure(
-        type(error).__name__,
-        str(error),
-        frames[-1] if frames else None,
-        on_metadata,
-        stage,
-        on_none,
-        raised_by_sglang,
-        in_sglang_code,
-        tuple(frames),
-    )
+    return Failure.of(error, on_metadata=on_metadata, stage=stage)
 
 
 # Errors a layer run in the simulation may meet for want of what a real process has (a name an
@@ -1115,19 +794,6 @@ ENVIRONMENT_ERRORS = (
     "AttributeError",
     "NotImplementedError",
 )
-
-
-def _is_own_code(path: str) -> bool:
-    """sglang's or npudoctor's code (not torch, numpy or the standard library they call)."""
-    return "/sglang/" in path or "/npudoctor/" in path or "/checks/" in path or "/fixes/" in path
-
-
-def code_location(function: Any) -> Location | None:
-    code = getattr(function, "__code__", None)
-    if code is None or "/sglang/" not in code.co_filename:
-        return None
-    path = code.co_filename
-    return Location(path[path.rindex("/sglang/") + 1 :], code.co_firstlineno, function.__qualname__)
 
 
 def backend_method(entry: FunctionRef) -> tuple[type, Any]:
@@ -1303,7 +969,7 @@ def _cannot_run(entry: FunctionRef, reason: str, location: Location | None = Non
 
 def _batch_text(run: PreparationRun, dims: AttentionDims) -> str:
     ranks = ", ".join(str(r) for r in range(dims.cp_size))
-    return f"batch of {describe(run.batch)}, CP ranks {ranks} of {dims.cp_size}, {dims}"
+    return f"batch of {describe_batch(run.batch)}, CP ranks {ranks} of {dims.cp_size}, {dims}"
 
 
 def _refusal_text(run: PreparationRun) -> str:

@@ -14,10 +14,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import re
 import sys
-import textwrap
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +23,10 @@ from typing import Any
 from npudoctor.deployment.facts import Facts, ModelFacts, RoleFacts
 from npudoctor.engine.check import Probe
 from npudoctor.live import processstate
+from npudoctor.live.calls import accepts, binding_keyword, reads, signature_of
 from npudoctor.live.livepools import CannotBuild, construct
+from npudoctor.live.locations import code_location, frame_location, raising_location
 from npudoctor.results import Evidence, Location, Status
-from npudoctor.static.signatures import names_read
 from npudoctor.static.source import ClassInfo, SourceTree
 
 from .chain import Chain, bind_live, chain_evidence, chain_finding, edge_location, walk
@@ -37,13 +35,6 @@ from .static import ALLOCATOR, OFFLOAD_METHODS, OffloadGraph, _describe, _Findin
 # How deep below the allocator the recorder looks for objects with offload methods:
 # allocator -> pool -> sub-pool (-> a sub-pool's own component).
 _MAX_DEPTH = 4
-# The messages CPython raises when a call does not bind (the callee never ran a line).
-_BINDING = re.compile(
-    r"got an unexpected keyword argument '(?P<unexpected>\w+)'"
-    r"|got multiple values for argument '(?P<multiple>\w+)'"
-    r"|missing \d+ required (?:positional |keyword-only )?arguments?: (?P<missing>.+)"
-    r"|takes (?:from )?\d+ (?:to \d+ )?positional arguments? but \d+ (?:was|were) given"
-)
 
 
 @dataclass
@@ -74,7 +65,7 @@ class LevelCall:
         return self.qualname if defined == self.qualname else f"{self.qualname} -> {defined}"
 
     def location(self) -> Location | None:
-        return function_location(self.function)
+        return code_location(self.function)
 
     def received(self) -> str:
         """``mamba_indices=None, req_pool_index=0`` (or ``no keywords``)."""
@@ -307,99 +298,6 @@ def mamba_slot(pool: Any) -> Any:
 
     allocated = mamba.alloc(1) if hasattr(mamba, "alloc") else None
     return allocated[0] if allocated is not None and len(allocated) else torch.tensor(1)
-
-
-# ----- what a function does with a keyword ------------------------------------------------
-def accepts(function: Callable[..., Any], keyword: str) -> bool:
-    """Python would bind ``keyword=`` to ``function``: a named parameter or ``**kwargs``."""
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return True  # a builtin or C function: nothing to tell
-    named = parameters.get(keyword)
-    if named is not None:
-        return named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY)
-    return any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
-def reads(function: Callable[..., Any], keyword: str) -> bool | None:
-    """The function's body uses the value of ``keyword=`` (the parameter, or the ``**kwargs``
-    dict that would hold it); None when its source cannot be read."""
-    node = _function_node(function)
-    if node is None:
-        return None
-    arguments = node.args
-    named = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
-    if keyword in named:
-        local = keyword
-    elif arguments.kwarg is not None:
-        local = arguments.kwarg.arg
-    else:
-        return False
-    return local in names_read(node)
-
-
-def _function_node(function: Callable[..., Any]) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        return None
-    try:
-        module = ast.parse(source)
-    except SyntaxError:
-        return None
-    node = module.body[0] if module.body else None
-    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-
-
-def signature_of(function: Callable[..., Any]) -> str:
-    name = getattr(function, "__name__", "?")
-    try:
-        return f"{name}{inspect.signature(function)}"
-    except (TypeError, ValueError):
-        return f"{name}(...)"
-
-
-# ----- where things are, in sglang's own terms --------------------------------------------------
-def sglang_location(filename: str, line: int, symbol: str = "") -> Location | None:
-    """``sglang/...`` relative to the directory holding the package; None outside sglang."""
-    marker = "/sglang/"
-    if marker not in filename:
-        return None
-    return Location(filename[filename.rindex(marker) + 1 :], line, symbol)
-
-
-def function_location(function: Callable[..., Any]) -> Location | None:
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return None
-    return sglang_location(code.co_filename, code.co_firstlineno, getattr(function, "__qualname__", ""))
-
-
-def frame_location(frame: Any) -> Location | None:
-    code = frame.f_code
-    return sglang_location(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
-
-
-def raising_location(error: BaseException) -> Location | None:
-    """The last sglang frame the exception passed through: for a call that did not bind,
-    the line that made the call."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/sglang/" in f.filename]
-    if not frames:
-        return None
-    last = frames[-1]
-    return sglang_location(last.filename, last.lineno or 0, last.name)
-
-
-def binding_keyword(error: BaseException) -> tuple[bool, str | None]:
-    """Whether ``error`` is CPython refusing to bind a call, and the keyword it names, if any."""
-    if not isinstance(error, TypeError):
-        return False, None
-    match = _BINDING.search(str(error))
-    if match is None:
-        return False, None
-    keyword = match.group("unexpected") or match.group("multiple")
-    return True, keyword
 
 
 def describe_value(value: Any) -> str:

@@ -1,7 +1,7 @@
 """A small, explicit NPU simulation for running sglang's Ascend code on a CPU host.
 
 The live depth imports the real sglang modules and calls the real methods. On a host
-without a working torch_npu (CI, a laptop) three things stand in, and only for the
+without a working torch_npu (CI, a laptop) these stand in, and only for the
 duration of a live run (``simulated_npu()`` restores ``sys.modules`` and ``torch``):
 
 * ``torch_npu``: a bare module, so ``import torch_npu`` in sglang's NPU files succeeds
@@ -17,6 +17,9 @@ duration of a live run (``simulated_npu()`` restores ``sys.modules`` and ``torch
   few functions the probed paths touch (synchronize, streams, device queries), all no-ops
   on CPU. The NPU kernels the probed code calls (``torch_npu.X`` and ``torch.ops.npu.X``)
   are the CPU references of ``npudoctor.live.npukernels``, also only around the calls.
+* the device names sglang's shared code uses (``"cuda"``, ``"npu"``): ``accelerator_on_cpu()``
+  maps them to the CPU around the probe calls, as ``torch_npu.contrib.transfer_to_npu`` maps
+  ``"cuda"`` to the NPU on an Ascend host.
 
 On a host where the real torch_npu imports and sees a device, nothing is simulated.
 """
@@ -30,7 +33,7 @@ import importlib.util
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +254,60 @@ def npu_runtime() -> Iterator[None]:
             torch.npu = previous_npu  # type: ignore[attr-defined]
         else:
             del torch.npu  # type: ignore[attr-defined]
+
+
+_FACTORIES = ("tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange")
+
+
+def _host(device: Any) -> Any:
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]
+    return "cpu" if kind in ("cuda", "npu") else device
+
+
+@contextlib.contextmanager
+def accelerator_on_cpu() -> Iterator[None]:
+    """Tensors sglang puts on ``"cuda"``/``"npu"`` land on the CPU.
+
+    On Ascend, sglang's ``init_npu_backend`` imports ``torch_npu.contrib.transfer_to_npu``
+    (``hardware_backend/npu/utils.py``), which maps the CUDA device sglang's shared code
+    names (``device="cuda"`` in cp_utils) to the NPU. On this host the simulated NPU is the
+    CPU, so the same mapping goes to ``cpu``. Restored afterwards.
+    """
+    saved = {name: getattr(torch, name) for name in _FACTORIES}
+    saved_to = torch.Tensor.__dict__.get("to")
+    saved_cuda = torch.Tensor.__dict__.get("cuda")
+
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_host(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("device") is not None:
+                kwargs["device"] = _host(kwargs["device"])
+            return original(*args, **kwargs)
+
+        return on_host
+
+    tensor_to = torch._C.TensorBase.to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args and isinstance(args[0], (str, torch.device)):
+            args = (_host(args[0]), *args[1:])
+        if kwargs.get("device") is not None:
+            kwargs["device"] = _host(kwargs["device"])
+        return tensor_to(self, *args, **kwargs)
+
+    for name, original in saved.items():
+        setattr(torch, name, factory(original))
+    torch.Tensor.to = to  # type: ignore[method-assign]
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(torch, name, original)
+        for name, value in (("to", saved_to), ("cuda", saved_cuda)):
+            if value is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, value)
 
 
 # ----- collectives across ranks run one after another in this process ------------------------------

@@ -2,16 +2,19 @@
 
 sglang's code reads more than its arguments: pools read ``ASCEND_USE_FIA`` from the environment
 at construction, 0.5.2x code asks a runtime parallel context for its widths and ranks, and
-0.5.11-0.5.15 code reads the scheduler's published ``ServerArgs``. A live probe runs that code in
-npudoctor's own process, so every check that does sets these the way the role's process has them,
-through the helpers here, and restores them afterwards.
+0.5.11-0.5.15 code reads the scheduler's published ``ServerArgs``, 0.5.2x code the runtime
+context's, and sglang's modules keep globals of their own (process groups, a cached CP strategy). A
+live probe runs that code in npudoctor's own process, so every check that does sets these the way
+the role's process has them, through the helpers here, and restores them afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -35,6 +38,9 @@ PROBE_MODEL_NAME = "npudoctor-live-probe"
 PROBE_MODEL_PATH = PROBE_MODEL_NAME
 T = TypeVar("T")
 
+# sglang raising because the probe has not published what a scheduler process publishes:
+# the runtime context's config namespaces (0.5.2x), the legacy global server args (<= 0.5.13)
+_UNPUBLISHED = re.compile(r"config namespace '\w+' not published|Global server args is not set yet")
 _MISSING_PARALLEL = re.compile(r"parallel (?:name|width) '(\w+)'")
 _UNKNOWN_PARALLEL = re.compile(r"unknown parallel field\(s\): \[([^\]]*)\]")
 
@@ -288,6 +294,161 @@ def published_server_args(role: RoleFacts, model: ModelFacts | None = None) -> I
             reset = getattr(sys.modules.get(RUNTIME_MODULE), "reset_context", None)
             if callable(reset):
                 reset()
+
+
+def with_server_args(role: RoleFacts, call: Callable[[], T], model: ModelFacts | None = None) -> T:
+    """Run ``call``; if sglang finds a config namespace unpublished (0.5.23's transfer path
+    reads ``get_memory().enable_unified_memory``), publish the role's server arguments as the
+    scheduler process has them, run it again, and restore the runtime context afterwards.
+
+    Releases without a runtime context publish them as the legacy global server args
+    (``set_global_server_args_for_scheduler``, which their ``ModelRunner`` calls): code that
+    asks for them there (a runtime fix reading the served model's ``ModelConfig``) gets the
+    role's, with ``model`` as the model config sglang memoises on them."""
+    try:
+        return call()
+    except ValueError as error:
+        if not _UNPUBLISHED.search(str(error)):
+            raise
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    server_args_class = importlib.import_module(SERVER_ARGS_MODULE).ServerArgs
+    in_context = runtime is not None and hasattr(runtime, "get_context")
+    record = dataclasses.is_dataclass(server_args_class)
+    if not in_context or record:
+        # a dataclass record (<= 0.5.19) is published without its __post_init__, which asks the device
+        try:
+            with published_server_args(role, model):
+                return call()
+        except Exception as error:
+            if not (in_context and needs_process_state(error)):
+                raise
+            # 0.5.19's publish resolves the record, which asks the device: set it into the context as is
+    context = runtime.get_context()
+    accepted = inspect.signature(server_args_class).parameters
+    given = {k: v for k, v in role.server_args.items() if k in accepted}
+    given["disaggregation_mode"] = role.disaggregation_mode
+    given["model_path"] = PROBE_MODEL_PATH  # the deployment's own model is memoised below
+    saved = [(part, _state_of(part)) for part in _context_parts(context)]
+    try:
+        server_args = dataclass_instance(server_args_class, given) if record else server_args_class(**given)
+        if model is not None:
+            _memoise_model_config(server_args, served_model_config(model))
+        context.set_server_args(server_args)
+        return call()
+    finally:
+        for part, state in saved:
+            for name, value in state.items():
+                setattr(part, name, value)
+
+
+def _memoise_model_config(server_args: Any, config: Any) -> None:
+    """The served model's config where sglang memoises it on the server args: ``model_config``
+    (``ServerArgs.get_model_config``, up to 0.5.19) and ``_model_config`` (``model_config_of``,
+    0.5.20+), so code asking for the process's model config (``process_model_config``) gets the
+    deployment's model instead of reading ``config.json`` from the probe's model path."""
+    for name in ("model_config", "_model_config"):
+        with contextlib.suppress(AttributeError, TypeError):  # a record that takes no such attribute
+            setattr(server_args, name, config)
+
+
+def _context_parts(context: Any) -> list[Any]:
+    """The runtime context objects whose attributes ``set_server_args`` rebinds."""
+    flags = getattr(context, "flags", None)
+    parts = [context, getattr(context, "parallel", None), getattr(flags, "capture", None)]
+    return [part for part in parts if part is not None]
+
+
+def _state_of(obj: Any) -> dict[str, Any]:
+    """An object's attributes: its ``__dict__``, ``__slots__`` and msgspec struct fields."""
+    state = dict(getattr(obj, "__dict__", {}))
+    names = [name for cls in type(obj).__mro__ for name in _as_names(cls.__dict__.get("__slots__"))]
+    names += _as_names(getattr(type(obj), "__struct_fields__", None))
+    for name in names:
+        if not name.startswith("__") and hasattr(obj, name):
+            state[name] = getattr(obj, name)
+    return state
+
+
+def _as_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return list(value) if isinstance(value, (tuple, list)) else []
+
+
+class _StageGroup:
+    """The PP process group of one pipeline stage, as ``get_parallel().pp_group`` exposes it."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank_in_group = rank
+        self.world_size = size
+        self.is_first_rank = rank == 0
+        self.is_last_rank = rank == size - 1
+
+
+@contextlib.contextmanager
+def pipeline_stage(role: RoleFacts, stage: int) -> Iterator[None]:
+    """On releases with a runtime parallel context (``sglang.srt.runtime_context``), this
+    stage's place in the role's pipeline (``pp_size``, ``pp_rank`` and a ``pp_group`` of the
+    stage's rank): 0.5.2x reads ``get_parallel().pp_group.is_last_rank``, e.g. to decide whether
+    a prefill stage sends draft KV. Releases without the context: nothing."""
+    runtime = sys.modules.get(RUNTIME_MODULE)
+    if runtime is None or not hasattr(runtime, "get_parallel"):
+        yield
+        return
+    group = _StageGroup(stage, role.pp_size)
+    with runtime.get_parallel().override(pp_size=role.pp_size, pp_rank=stage, pp_group=group):
+        yield
+
+
+PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+
+
+@contextlib.contextmanager
+def attention_cp_group(group: Any) -> Iterator[None]:
+    """``group`` as the process's attention-CP group (``parallel_state._ATTN_CP``, which
+    ``get_attn_cp_group()`` returns through 0.5.22; 0.5.23 reads it from the runtime parallel
+    context, where ``with_parallel``'s ``attn_cp_group`` sets it); the previous value back after."""
+    module = sys.modules.get(PARALLEL_STATE_MODULE)
+    if module is None or not hasattr(module, "_ATTN_CP"):
+        yield
+        return
+    previous = module._ATTN_CP
+    module._ATTN_CP = group
+    try:
+        yield
+    finally:
+        module._ATTN_CP = previous
+
+
+@contextlib.contextmanager
+def sglang_globals_restored() -> Iterator[None]:
+    """Module-level state the probed code sets is put back afterwards, so later probes in the
+    same live run see the process as it was: 0.5.15+ ``get_cp_strategy()`` caches the strategy
+    it builds in ``layers/cp/base._STRATEGY``. Globals that changed get their old value back
+    and new ones are removed, except submodules imported meanwhile (their packages keep them)."""
+    before = {
+        name: dict(vars(module))
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "sglang" or name.startswith("sglang."))
+    }
+    try:
+        yield
+    finally:
+        for name, saved in before.items():
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            current = vars(module)
+            for key in [
+                k for k, v in current.items() if k not in saved and not isinstance(v, types.ModuleType)
+            ]:
+                del current[key]
+            for key, value in saved.items():
+                if current.get(key, _ABSENT) is not value:
+                    current[key] = value
+
+
+_ABSENT = object()
 
 
 # What sglang raises when code asks for process state a scheduler sets up and a probe does not:

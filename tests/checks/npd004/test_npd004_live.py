@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from npudoctor.checks.npd004_cp_metadata_fields import live
+from npudoctor.live import npusim
+from npudoctor.live.forwardpass import AttentionDims
 
 from conftest import sweep
 from support.repo import EXAMPLES
@@ -217,7 +219,7 @@ def test_the_reference_is_causal_attention_with_a_prefix():
 
 
 def test_the_paged_cache_holds_each_request_in_its_own_pages():
-    dims = live.AttentionDims(
+    dims = AttentionDims(
         q_heads=4, kv_heads=2, head_dim=8, v_head_dim=8, page_size=16, cp_size=2, attn_tp_size=1
     )
     load = live.workload(live.SEVERAL, dims)
@@ -231,7 +233,7 @@ def test_the_paged_cache_holds_each_request_in_its_own_pages():
 def test_cuda_tensors_land_on_the_cpu_only_inside_the_simulation():
     """sglang's shared code names device="cuda"; on Ascend transfer_to_npu maps it to the NPU."""
     before = (torch.tensor, torch.Tensor.to, torch.Tensor.cuda)
-    with live.accelerator_on_cpu():
+    with npusim.accelerator_on_cpu():
         assert torch.tensor([1, 2], device="cuda").device.type == "cpu"
         assert torch.zeros(2).to("npu").device.type == "cpu"
     assert (torch.tensor, torch.Tensor.to, torch.Tensor.cuda) == before

@@ -286,13 +286,14 @@ def test_recording_notes_each_level_and_leaves_nothing_behind():
 
 def test_recording_sees_the_call_that_does_not_bind():
     from npudoctor.checks.npd005_offload_signatures import live
+    from npudoctor.live import calls as live_calls
 
     allocator = _Allocator(_NarrowPool())
     with live.recording(allocator) as calls, pytest.raises(TypeError) as raised:
         allocator.get_cpu_copy([3], mamba_indices=None)
     assert calls[1].bind_error and "mamba_indices" in calls[1].bind_error
-    assert live.binding_keyword(raised.value) == (True, "mamba_indices")
-    assert not live.accepts(_NarrowPool.get_cpu_copy, "mamba_indices")
-    assert live.accepts(_Allocator.get_cpu_copy, "mamba_indices")  # through **kwargs
-    assert live.reads(_Allocator.get_cpu_copy, "mamba_indices") is True  # it forwards kwargs
-    assert live.reads(_Pool.get_cpu_copy, "mamba_indices") is False
+    assert live_calls.binding_keyword(raised.value) == (True, "mamba_indices")
+    assert not live_calls.accepts(_NarrowPool.get_cpu_copy, "mamba_indices")
+    assert live_calls.accepts(_Allocator.get_cpu_copy, "mamba_indices")  # through **kwargs
+    assert live_calls.reads(_Allocator.get_cpu_copy, "mamba_indices") is True  # it forwards kwargs
+    assert live_calls.reads(_Pool.get_cpu_copy, "mamba_indices") is False
