@@ -28,7 +28,7 @@ from npudoctor.cli.options import (
 from npudoctor.errors import ExitCode
 
 if TYPE_CHECKING:
-    from npudoctor.service.planning import UserOptions
+    from npudoctor.service.hints import UserOptions
 
 EPILOG = DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP
 

@@ -27,7 +27,7 @@ from npudoctor.formatters.layout import Rows, Trimmed
 from npudoctor.formatters.text import CATALOG_PREFIX, STYLE
 from npudoctor.results import Status
 from npudoctor.service.advise import Advice, Row, cell
-from npudoctor.service.planning import UserOptions, hint
+from npudoctor.service.hints import UserOptions, hint
 from npudoctor.terminal import TerminalConsole
 
 _SHORT = {

@@ -19,7 +19,7 @@ import os
 
 from npudoctor.formatters import markdown
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}

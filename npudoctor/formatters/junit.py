@@ -18,7 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 # Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 

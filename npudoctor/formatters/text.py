@@ -28,7 +28,7 @@ from rich.text import Text
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
@@ -54,7 +54,7 @@ def render(report: Report, verbose: bool = False, user: UserOptions | None = Non
 
 def renderable(report: Report, verbose: bool = False, user: UserOptions | None = None) -> RenderableType:
     """The report for ``console.print``. ``user``: the user's own target and deployment options
-    (``npudoctor.service.planning.UserOptions``), repeated in each ``npudoctor fix --select ID ...``
+    (``npudoctor.service.hints.UserOptions``), repeated in each ``npudoctor fix --select ID ...``
     hint; None: the ``--sglang-path`` and ``--config`` the report itself names. Lines longer than
     the width (a long path, the fix command) are printed whole, not cropped (``layout.Uncropped``)."""
     return Uncropped(_parts(report, verbose, user))
