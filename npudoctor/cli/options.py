@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from npudoctor.formatters import NAMES as FORMAT_NAMES
+
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
 0 no finding at or above --fail-on (leak and performance findings warn unless --fail-on names them);
@@ -33,6 +35,11 @@ class Depth(str, Enum):
     static = "static"
     live = "live"
     auto = "auto"
+
+
+# ``check --format`` and ``advise --format``: the formats of ``npudoctor.formatters.FORMATS``
+# (typer offers an Enum's values)
+ReportFormat = Enum("ReportFormat", {name: name for name in FORMAT_NAMES}, type=str)
 
 
 class DataFormat(str, Enum):
