@@ -16,6 +16,9 @@ piece of evidence, the advice in full) and the live depth's full statistics, the
 Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
 or the ``npudoctor fix`` command stays whole, on a line of its own when it must. A catalog
 workaround's launch command is a command too: on a line of its own, whole.
+
+``advise`` in text (``render_advice``, ``print_advice``): the release x check matrix, one short
+cell per check, then the recommendation, its commands never wrapped.
 """
 
 from __future__ import annotations
@@ -433,8 +436,8 @@ def _escalated(report: Report) -> str:
     return f" ({', '.join(extra)} failing)" if extra else ""
 
 
-# ----- advise ---------------------------------------------------------------------------
-ADVICE_WIDTH = 100  # of ``render_advice``: the matrix of seven checks and the catalog fits it
+# ----- advise: the release x check matrix and the recommendation -------------------------
+ADVICE_WIDTH = 100  # of ``render_advice`` (a file or a pipe): wider than a report's, for the matrix
 
 
 def render_advice(advice: Advice) -> str:
