@@ -34,6 +34,8 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class Format:
+    """One output format: its name and what a caller or a test does differently for it."""
+
     name: str  # ``--format NAME``, and the module ``npudoctor.formatters.NAME``
     hints: bool = False  # names the npudoctor commands to paste, with the user's options
     terminal: bool = False  # drawn on the console when it goes to stdout
@@ -41,6 +43,7 @@ class Format:
     parsed_as: Literal["json", "xml"] | None = None  # the syntax tools read it with; None: lines
 
     def module(self) -> ModuleType:
+        """The module that renders it (imported on first use: ``--help`` loads no renderer)."""
         return importlib.import_module(f"{__name__}.{self.name}")
 
 
@@ -57,6 +60,7 @@ DEFAULT = FORMATS[0]
 
 
 def named(name: str) -> Format:
+    """The entry of a ``--format`` value."""
     for found in FORMATS:
         if found.name == name:
             return found
