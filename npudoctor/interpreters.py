@@ -21,7 +21,7 @@ the NPU stack's packages may be), each whole, whatever characters its path holds
 package folders the live depth adds after its interpreter's own (``npudoctor.live.toolenv``). A
 ``sitecustomize`` in those folders is not run: that happens only at start, from ``sys.path`` as
 it was then. The command the user has ``npudoctor run`` start is the user's own and keeps its
-environment (``npudoctor.service.planning``).
+environment (``npudoctor.service.launcher``).
 
 This file is also the script such an interpreter starts with (``python -I .../interpreters.py``):
 the standard library is all it imports before ``npudoctor`` is loaded.

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-import npudoctor  # its __version__ is looked up on use: --help never needs it
 from npudoctor.cli import output
 from npudoctor.cli.deployment_options import DeploymentOptions, takes_deployment
 from npudoctor.cli.options import (
@@ -21,6 +19,7 @@ from npudoctor.cli.options import (
     OutputOption,
     PythonOption,
     QuietOption,
+    ReportFormat,
     SelectOption,
     use_python,
 )
@@ -39,15 +38,6 @@ EPILOG = (
     "above --fail-on; 1 it has; 2 usage or input error; 3 internal error; 4 the baseline could not be "
     "checked (or no sglang to start from); 130 interrupted (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP."
 )
-
-
-class AdviseFormat(str, Enum):
-    text = "text"
-    json = "json"
-    markdown = "markdown"
-    junit = "junit"
-    sarif = "sarif"
-    github = "github"
 
 
 @takes_deployment
@@ -85,7 +75,7 @@ def advise(
         ),
     ] = 0,
     select: SelectOption = None,
-    output_format: Annotated[AdviseFormat, typer.Option("--format", "-f")] = AdviseFormat.text,
+    output_format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.text,
     output_path: OutputOption = None,
     fail_on: FailOnOption = None,
     ignore: IgnoreOption = None,
@@ -95,13 +85,13 @@ def advise(
 ) -> None:
     """Which sglang release to run for this deployment: check a range of releases and recommend."""
     from npudoctor.formatters import advice as advice_format
+    from npudoctor.formatters import named
     from npudoctor.service.advise import AdviseRequest, exit_status
     from npudoctor.service.advise import advise as check_releases
 
     use_python(python)
-    output.require_destination(
-        output_path, github=output_format is AdviseFormat.github, inputs=deployment.inputs()
-    )
+    chosen = named(output_format.value)
+    output.require_destination(output_path, step_summary=chosen.step_summary, inputs=deployment.inputs())
     request = AdviseRequest(
         check=deployment.check_request(
             depth, select=select, fail_on=fail_on, ignore=ignore, recorded_fixes=not no_recorded_fixes
@@ -115,11 +105,11 @@ def advise(
     started = time.perf_counter()
     result = check_releases(request, on_row=lambda i, n, row: say(advice_format.row_line(i, n, row)))
     say(f"checked {len(result.rows)} release(s) in {time.perf_counter() - started:.1f} s")
-    fmt = output_format.value
-    if fmt == "text" and output_path is None:
-        advice_format.print_text(result, output.console())
+    module = chosen.module()
+    if chosen.terminal and output_path is None:
+        module.print_advice(output.console(), result)
     else:
-        output.write(advice_format.render(result, fmt, npudoctor.__version__), output_path)
-    if fmt == "github":
-        output.step_summary(lambda path: advice_format.write_step_summary(result, path))
+        output.write(module.render_advice(result), output_path)
+    if chosen.step_summary:
+        output.step_summary(lambda path: module.write_advice_step_summary(result, path))
     raise typer.Exit(exit_status(result))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +19,7 @@ from npudoctor.cli.options import (
     OutputOption,
     PythonOption,
     QuietOption,
+    ReportFormat,
     SelectOption,
     SglangPathOption,
     ids,
@@ -28,18 +28,10 @@ from npudoctor.cli.options import (
 from npudoctor.errors import ExitCode
 
 if TYPE_CHECKING:
-    from npudoctor.service.planning import UserOptions
+    from npudoctor.formatters import Format
+    from npudoctor.service.hints import UserOptions
 
 EPILOG = DEPLOYMENT_HELP + "\n\n" + EXIT_CODES_HELP
-
-
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-    junit = "junit"
-    sarif = "sarif"
-    github = "github"
-    markdown = "markdown"
 
 
 @takes_deployment
@@ -51,7 +43,9 @@ def check(
         Depth, typer.Option(help="static: read the source; live: run it; auto: live where possible.")
     ] = (Depth.auto),
     select: SelectOption = None,
-    output_format: Annotated[Format | None, typer.Option("--format", "-f", help="Default: text.")] = None,
+    output_format: Annotated[
+        ReportFormat | None, typer.Option("--format", "-f", help="Default: text.")
+    ] = None,
     output_path: OutputOption = None,
     fail_on: FailOnOption = None,
     ignore: IgnoreOption = None,
@@ -71,13 +65,15 @@ def check(
     quiet: QuietOption = False,
 ) -> None:
     """Probe sglang against a deployment and report the known defects it has."""
+    from npudoctor.formatters import DEFAULT, named
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import run as run_checks
 
     use_python(python)
+    chosen = named(output_format.value) if output_format else DEFAULT
     output.require_destination(
         output_path,
-        github=output_format is Format.github,
+        step_summary=chosen.step_summary,
         inputs=[*deployment.inputs(), *_checked_tree(sglang_path)],
     )
     request = deployment.check_request(
@@ -90,8 +86,7 @@ def check(
         recorded_fixes=not no_recorded_fixes,
     )
     report = run_checks(request, progress=Progress.for_stderr(quiet))
-    format_name = output_format.value if output_format else "text"
-    _emit(report, format_name, output_path, verbose, request.user_options())
+    _emit(report, chosen, output_path, verbose, request.user_options())
     raise typer.Exit(_exit_code(report))
 
 
@@ -119,25 +114,11 @@ def _checked_tree(sglang_path: Path | None) -> list[tuple[Path, str]]:
         return []
 
 
-# the formats that name commands: their fix hints repeat the user's options
-_HINTED = ("junit", "github", "markdown")
-
-
-def _emit(report, format_name: str, output_path: Path | None, verbose: bool, user: UserOptions) -> None:
-    from npudoctor.formatters import renderer
-
-    if format_name == "text":
-        from npudoctor.formatters import text
-
-        if output_path is None:
-            text.print_report(output.console(), report, verbose=verbose, user=user)
-        else:
-            output.write(text.render(report, verbose=verbose, user=user), output_path)
-    elif format_name in _HINTED:
-        output.write(renderer(format_name)(report, user=user), output_path)
+def _emit(report, output_format: Format, output_path: Path | None, verbose: bool, user: UserOptions) -> None:
+    module = output_format.module()
+    if output_format.terminal and output_path is None:
+        module.print_report(output.console(), report, user=user, verbose=verbose)
     else:
-        output.write(renderer(format_name)(report), output_path)
-    if format_name == "github":
-        from npudoctor.formatters.github import write_step_summary
-
-        output.step_summary(lambda path: write_step_summary(report, path))
+        output.write(module.render(report, user=user, verbose=verbose), output_path)
+    if output_format.step_summary:
+        output.step_summary(lambda path: module.write_step_summary(report, path))

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from npudoctor.engine.kinds import selector_help
+from npudoctor.formatters import NAMES as FORMAT_NAMES
 
 EXIT_CODES_HELP = """
 Exit codes (stable, never renumbered):
@@ -35,6 +36,11 @@ class Depth(str, Enum):
     static = "static"
     live = "live"
     auto = "auto"
+
+
+# ``check --format`` and ``advise --format``: the formats of ``npudoctor.formatters.FORMATS``
+# (typer offers an Enum's values)
+ReportFormat = Enum("ReportFormat", {name: name for name in FORMAT_NAMES}, type=str)
 
 
 class DataFormat(str, Enum):

@@ -72,10 +72,11 @@ def say(message: str) -> None:
 
 
 def require_destination(
-    output: Path | None, github: bool = False, inputs: Iterable[tuple[Path, str]] = ()
+    output: Path | None, step_summary: bool = False, inputs: Iterable[tuple[Path, str]] = ()
 ) -> None:
-    """Before any work: the report (and a GitHub step summary) can be written where it goes, so a
-    bad ``-o`` is said at once, not after a live run whose results it would lose. ``inputs`` are
+    """Before any work: the report (and, for a format that writes one, a GitHub step summary) can
+    be written where it goes, so a bad ``-o`` is said at once, not after a live run whose results
+    it would lose. ``inputs`` are
     what the command reads (the ``--config`` file, the checked sglang tree), each with the words
     that name it: a report is never written over one of them or into one."""
     if output is None:
@@ -85,7 +86,7 @@ def require_destination(
         while _prepared:  # an earlier command's in this process (a test's), never written
             _prepared.popitem()[1].close()
         _prepared[str(output)] = _destination(output, "--output", probe=True)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY") if github else None
+    summary = os.environ.get("GITHUB_STEP_SUMMARY") if step_summary else None
     if summary:
         _require_summary(Path(summary))
 

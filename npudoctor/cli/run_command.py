@@ -45,20 +45,20 @@ def run(
 ) -> None:
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
     from npudoctor.patching import activation
-    from npudoctor.service import operations, planning
+    from npudoctor.service import launcher, operations, planning
     from npudoctor.target.discovery import discover
 
     command = list(deployment.launch_command)
     if command and command[0].startswith("-"):
         shown = redact_argv(command[:1])[0]  # `--api-key=X` before the `--`
         raise InputError(f"unknown option {shown!r} (the command goes after '--')")
-    planning.resolve_command(command)  # 127/126 before any planning
+    launcher.resolve_command(command)  # 127/126 before any planning
     use_python(python)
     request = deployment.check_request(depth, select=select)
     facts = operations.run_deployment(request)
     if activation.disabled():  # no process would apply a fix: nothing to plan, nothing to claim
         output.say(f"{activation.KILL_SWITCH} is set: fixes are disabled, the command runs without any")
-        raise typer.Exit(planning.run_command(command, None))
+        raise typer.Exit(launcher.run_command(command, None))
     try:
         target = discover()
     except NoTargetError:
@@ -77,7 +77,7 @@ def run(
         for p in planned:
             output.say(f"{p.fix.id}: {p.decision.action.value}: {p.decision.reason}")
     applied = sorted(document["fixes"])
-    ignored = planning.environment_ignored(command) if applied else None
+    ignored = launcher.environment_ignored(command) if applied else None
     if ignored is not None:
         # the bootstrap never reaches its processes: only the record of `fix --apply` may
         not_by_record = operations.record_route(target, document, ignored.environ)
@@ -97,4 +97,4 @@ def run(
         )
     elif planned and not quiet:
         output.say(f"no runtime fix applies to sglang {target.version} for this deployment")
-    raise typer.Exit(planning.run_command(command, document))
+    raise typer.Exit(launcher.run_command(command, document))

@@ -75,7 +75,7 @@ def _details(p, verbose: bool) -> list[RenderableType]:
 
 
 def print_status_rows(console: Console, rows: Sequence) -> None:
-    """``fix --status``'s rows (``planning.SiteStatus``): id, state, and the detail word-wrapped under
+    """``fix --status``'s rows (``recordedfixes.SiteStatus``): id, state, and the detail word-wrapped under
     its column; a site (``module:Class.method``) wider than the rest of the line stays whole."""
     cells = [([row.fix_id, Text(row.state, style="bold")], row.detail) for row in rows]
     print_whole(console, Rows(cells, wrap=True, indent=2))
@@ -83,7 +83,7 @@ def print_status_rows(console: Console, rows: Sequence) -> None:
 
 def print_apply_hint(console: Console, planned: Sequence, apply_command: str) -> None:
     """After a plan that changed nothing: ``apply_command``, the ``npudoctor fix --apply`` with the
-    user's own options (``npudoctor.service.planning.hint``; one line, never wrapped), or that
+    user's own options (``npudoctor.service.hints.hint``; one line, never wrapped), or that
     nothing would be applied."""
     if not any(p.decision.action.value == "apply" for p in planned):
         print_whole(

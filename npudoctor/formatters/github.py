@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 
 from npudoctor.formatters import markdown
+from npudoctor.formatters.advice import baseline_options, recommendation_lines
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.advise import Advice
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 _COMMAND = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
@@ -37,8 +39,9 @@ def escape_property(value: object) -> str:
     return escape_data(value).replace(":", "%3A").replace(",", "%2C")
 
 
-def render(report: Report, user: UserOptions | None = None) -> str:
-    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+def render(report: Report, user: UserOptions | None = None, verbose: bool = False) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names).
+    ``verbose`` is the text format's: this one says the same either way."""
     user = user if user is not None else UserOptions.of_report(report)
     prefix = _workspace_prefix(report.target.path)
     lines = [_annotation(r, user, prefix) for r in report.results if r.status in _COMMAND]
@@ -111,3 +114,18 @@ def append_step_summary(text: str, path: str | os.PathLike[str]) -> None:
         if handle.tell() > 0:
             handle.write("\n")
         handle.write(text)
+
+
+def render_advice(advice: Advice) -> str:
+    base = advice.baseline_row
+    lines = []
+    if base is not None and base.report is not None:
+        lines.append(render(base.report, baseline_options(advice)).rstrip("\n"))
+    summary = "\n".join(line.strip() for line in recommendation_lines(advice))  # a command ends its line
+    lines.append(f"::notice title=npudoctor advise::{escape_data(summary)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_advice_step_summary(advice: Advice, path: str | os.PathLike[str]) -> None:
+    """Append the Markdown matrix and recommendation to the job summary ``path``."""
+    append_step_summary(markdown.render_advice(advice), path)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from npudoctor.formatters.advice import row_options
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.advise import Advice
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 # Everything outside the XML 1.0 ``Char`` production, and the controls it discourages (DEL, C1:
@@ -30,8 +32,9 @@ def clean(text: object) -> str:
     return _ILLEGAL_XML.sub("", printable(str(text)))
 
 
-def render(report: Report, user: UserOptions | None = None) -> str:
-    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+def render(report: Report, user: UserOptions | None = None, verbose: bool = False) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names).
+    ``verbose`` is the text format's: this one says the same either way."""
     user = user if user is not None else UserOptions.of_report(report)
     results = report.results
     tally = counts(results)
@@ -121,3 +124,25 @@ def _details(result: Result, user: UserOptions) -> str:
         if fix.advice:
             lines.append(fix.advice)
     return "\n".join(lines)
+
+
+def render_advice(advice: Advice) -> str:
+    root = ET.Element("testsuites", {"name": "npudoctor advise"})
+    totals = {"tests": 0, "failures": 0, "errors": 0}
+    for row in advice.rows:
+        suite = ET.SubElement(root, "testsuite", {"name": clean(f"sglang {row.subject.label}")})
+        if row.report is None:  # a release that could not be had does not turn the build red by itself
+            tally = {"tests": 1, "failures": 0, "errors": 0, "skipped": 1}
+            case = ET.SubElement(
+                suite, "testcase", {"classname": "npudoctor.service.advise", "name": "fetch and check"}
+            )
+            ET.SubElement(case, "skipped", {"message": clean(row.error or "")})
+        else:
+            tally = counts(row.report.results)
+            for result in row.report.results:
+                testcase(suite, result, row_options(advice, row))
+        suite.attrib.update({k: str(v) for k, v in tally.items()})
+        for key in totals:
+            totals[key] += tally[key]
+    root.attrib.update({k: str(v) for k, v in totals.items()})
+    return document(root)

@@ -133,7 +133,7 @@ def explain_renderable(item, full: bool = False, facts=None) -> RenderableType:
 def print_explain(console: Console, item, full: bool = False, facts=None) -> None:
     console.print(explain_renderable(item, full, facts))
     if not full:
-        from npudoctor.service.planning import hint
+        from npudoctor.service.hints import hint
 
         command = hint("explain", item.id, "--full")
         console.print(Text(f"\nalso what the check tests: {command}", style="dim"), soft_wrap=True)

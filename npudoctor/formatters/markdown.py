@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import re
 
+from npudoctor.formatters.advice import SHORT, catalog_cell, matrix_columns, recommendation_lines
 from npudoctor.results import Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.advise import Advice
+from npudoctor.service.advise import cell as status_cell
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.terminal import printable
 
 
-def render(report: Report, user: UserOptions | None = None) -> str:
-    """``user``: the user's own options the fix hints repeat (None: those the report names)."""
+def render(report: Report, user: UserOptions | None = None, verbose: bool = False) -> str:
+    """``user``: the user's own options the fix hints repeat (None: those the report names).
+    ``verbose`` is the text format's: this one says the same either way."""
     user = user if user is not None else UserOptions.of_report(report)
     parts = [_heading(report), "", _summary_line(report), "", *_table_lines(report)]
     details = [r for r in report.results if r.status is not Status.PASS or r.ignored is not None]
@@ -124,3 +128,29 @@ def _details(result: Result, user: UserOptions) -> list[str]:
     if bullets:
         lines += ["", *bullets]
     return lines
+
+
+def render_advice(advice: Advice) -> str:
+    checks, records = matrix_columns(advice)
+    columns = checks + ([f"catalog ({len(records)} records)"] if records else [])
+    header = "| sglang | " + " | ".join(columns) + " | |"
+    lines = [f"## npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", "", header]
+    lines.append("|" + " --- |" * (len(columns) + 2))
+    for row in advice.rows:
+        cells = []
+        for check_id in checks:
+            status = status_cell(row, check_id)
+            cells.append(
+                "-" if status is None else (f"**{SHORT[status]}**" if status.severity else SHORT[status])
+            )
+        if records:
+            worst, which = catalog_cell(row, records)
+            cells.append(
+                "-" if worst is None else (f"**{SHORT[worst]}**: " + ", ".join(which) if which else "ok")
+            )
+        note = cell(row.error) if row.error else ("installed" if row.subject.installed else "")
+        lines.append(f"| {cell(row.subject.label)} | " + " | ".join(cells) + f" | {note} |")
+    lines += ["", "### Recommendation", ""]
+    lines += [f"- {cell(line.strip())}" for line in recommendation_lines(advice)]
+    lines += [f"- note: {cell(note)}" for note in advice.notes]
+    return "\n".join(lines) + "\n"

@@ -27,6 +27,8 @@ from typing import Any
 from urllib.parse import quote
 
 from npudoctor.results import Report, Result, Status
+from npudoctor.service.advise import Advice
+from npudoctor.service.hints import UserOptions
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 BASE_ID = "%SRCROOT%"  # the checkout's base id in GitHub's SARIF documentation
@@ -35,7 +37,8 @@ HELP_CHARS = 300  # a rule's help text: the first sentences of why it matters, u
 _LEVEL = {Status.FAIL: "error", Status.ERROR: "error", Status.WARN: "warning"}
 
 
-def render(report: Report) -> str:
+def render(report: Report, user: UserOptions | None = None, verbose: bool = False) -> str:
+    """The whole report, whatever ``verbose`` says; it names no command, so ``user`` is not read."""
     return log([run_of(report)])
 
 
@@ -219,3 +222,14 @@ def _result(result: Result, index: int, root: Path, checkout: Path) -> dict[str,
         "impact": result.impact,
     }
     return sarif
+
+
+def render_advice(advice: Advice) -> str:
+    runs = []
+    for row in advice.rows:
+        if row.report is None:
+            continue
+        run = run_of(row.report)
+        run["automationDetails"] = {"id": f"npudoctor-advise/sglang-{row.subject.label}/"}
+        runs.append(run)
+    return log(runs)

@@ -16,19 +16,36 @@ piece of evidence, the advice in full) and the live depth's full statistics, the
 Lines fit the width (``npudoctor.formatters.layout``) but a word is never split: a path, a URL
 or the ``npudoctor fix`` command stays whole, on a line of its own when it must. A catalog
 workaround's launch command is a command too: on a line of its own, whole.
+
+``advise`` in text (``render_advice``, ``print_advice``): the release x check matrix, one short
+cell per check, then the recommendation, its commands never wrapped.
 """
 
 from __future__ import annotations
 
 import io
 
-from rich.console import Console, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markup import escape
+from rich.table import Table
 from rich.text import Text
 
 from npudoctor.engine.kinds import CheckKind
-from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
+from npudoctor.formatters.advice import SHORT, catalog_cell, matrix_columns, recommendation_lines
+from npudoctor.formatters.layout import (
+    Gist,
+    Labelled,
+    Para,
+    Rows,
+    Trimmed,
+    Whole,
+    group,
+    print_whole,
+)
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
-from npudoctor.service.planning import UserOptions, fix_hint
+from npudoctor.service.advise import Advice, Row, cell
+from npudoctor.service.hints import UserOptions, fix_hint
 from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
@@ -44,25 +61,21 @@ WIDTH = 80  # of ``render``: the default width of a pipe or a CI log
 INDENT = 2
 
 
-def render(report: Report, verbose: bool = False, user: UserOptions | None = None, width: int = WIDTH) -> str:
-    """Plain text (no colour) for files and pipes."""
+def render(report: Report, user: UserOptions | None = None, verbose: bool = False) -> str:
+    """Plain text (no colour) for files and pipes, ``WIDTH`` columns."""
     buffer = io.StringIO()
-    console = TerminalConsole(file=buffer, width=width, no_color=True, highlight=False, color_system=None)
+    console = TerminalConsole(file=buffer, width=WIDTH, no_color=True, highlight=False, color_system=None)
     print_whole(console, _parts(report, verbose, user))
     return buffer.getvalue()
 
 
-def renderable(report: Report, verbose: bool = False, user: UserOptions | None = None) -> RenderableType:
-    """The report for ``console.print``. ``user``: the user's own target and deployment options
-    (``npudoctor.service.planning.UserOptions``), repeated in each ``npudoctor fix --select ID ...``
+def print_report(
+    console: Console, report: Report, user: UserOptions | None = None, verbose: bool = False
+) -> None:
+    """The report on ``console``. ``user``: the user's own target and deployment options
+    (``npudoctor.service.hints.UserOptions``), repeated in each ``npudoctor fix --select ID ...``
     hint; None: the ``--sglang-path`` and ``--config`` the report itself names. Lines longer than
     the width (a long path, the fix command) are printed whole, not cropped (``layout.Uncropped``)."""
-    return Uncropped(_parts(report, verbose, user))
-
-
-def print_report(
-    console: Console, report: Report, verbose: bool = False, user: UserOptions | None = None
-) -> None:
     print_whole(console, _parts(report, verbose, user))
 
 
@@ -421,3 +434,118 @@ def _escalated(report: Report) -> str:
     """The impacts ``--fail-on`` made fail beyond the default (crashes and silent wrong output)."""
     extra = [i for i in report.failing_impacts if Impact(i) not in DEFAULT_FAILING]
     return f" ({', '.join(extra)} failing)" if extra else ""
+
+
+# ----- advise: the release x check matrix and the recommendation -------------------------
+ADVICE_WIDTH = 100  # of ``render_advice`` (a file or a pipe): wider than a report's, for the matrix
+
+
+def render_advice(advice: Advice) -> str:
+    buffer = io.StringIO()
+    print_advice(TerminalConsole(file=buffer, width=ADVICE_WIDTH, no_color=True, highlight=False), advice)
+    return buffer.getvalue()
+
+
+def print_advice(console: Console, advice: Advice) -> None:
+    """The matrix, then the recommendation, whose lines are never wrapped: a command stays one
+    line to copy, however narrow the terminal."""
+    console.print(_advice_renderable(advice))
+    for line in recommendation_lines(advice):
+        console.print(Text(f"  {line}"), soft_wrap=True)
+
+
+class _Matrix:
+    """The release x check matrix where it fits the width (no vertical rules and no edges: the deep
+    checks, the catalog and the marks fit 80 columns); where it does not (more checks, ``--select
+    NPP``; long release labels), one line per release naming the checks that are not pass or skip,
+    so that no header is cut to ``NPD0...``. No line ends in blanks."""
+
+    def __init__(self, advice: Advice) -> None:
+        self.advice = advice
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = _advice_table(self.advice)
+        if console.measure(table, options=options.update(width=1 << 16)).maximum <= options.max_width:
+            yield Trimmed(table)
+        else:
+            yield _release_rows(self.advice)
+
+
+def _release_rows(advice: Advice) -> Rows:
+    checks, records = matrix_columns(advice)
+    rows = []
+    for row in advice.rows:
+        said, counts = [], {}
+        for check_id in checks:
+            status = cell(row, check_id)
+            if status is not None and status.severity:
+                said.append(f"{check_id} {SHORT[status]}")
+            elif status is not None:
+                counts[status.value] = counts.get(status.value, 0) + 1
+        worst, which = catalog_cell(row, records) if records else (None, [])
+        if which:
+            said.append(f"{', '.join(which)} {SHORT[worst]}")
+        others = [f"{n} {status}" for status, n in counts.items()]
+        if records and worst is not None and not which:
+            others.append("catalog ok")
+        said.append(", ".join(others))
+        marks = ", ".join(_marks(advice, row))
+        rows.append(([row.subject.label], "; ".join(s for s in said if s) + (f" ({marks})" if marks else "")))
+    header = ([Text("sglang", "bold")], Text("checks that are not pass or skip; the others counted", "bold"))
+    return Rows(rows, header=header, wrap=True)
+
+
+def _marks(advice: Advice, row: Row) -> list[str]:
+    marks = []
+    if row.subject.installed:
+        marks.append("installed")
+    if row.subject.label == advice.recommendation.baseline and not row.subject.installed:
+        marks.append("baseline")
+    if row.error is not None:
+        marks.append("not checked")
+    elif row.subject.label == advice.recommendation.earliest_clean:
+        marks.append("earliest clean")
+    return marks
+
+
+def _advice_renderable(advice: Advice) -> RenderableType:
+    parts: list[RenderableType] = [
+        Text(f"npudoctor advise: {len(advice.rows)} release(s), depth {advice.depth}", style="bold"),
+        _Matrix(advice),
+    ]
+    unchecked = [row for row in advice.rows if row.error is not None]
+    if unchecked:
+        parts.append(Text("Not checked:", style="bold"))
+        parts.extend(Text(f"  {row.subject.label}: {row.error}") for row in unchecked)
+    for note in advice.notes:
+        parts.append(Text(f"note: {note}"))
+    parts.append(Text("Recommendation:", style="bold"))
+    return Group(*parts)
+
+
+def _advice_table(advice: Advice) -> Table:
+    checks, records = matrix_columns(advice)
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    table.add_column("sglang", no_wrap=True)
+    for check_id in checks:
+        table.add_column(check_id, no_wrap=True)
+    if records:
+        table.add_column(CheckKind.CATALOG.heading, no_wrap=True)  # the catalog: the records it flags
+    table.add_column("", no_wrap=True)
+    for row in advice.rows:
+        cells = []
+        for check_id in checks:
+            status = cell(row, check_id)
+            cells.append("-" if status is None else f"[{STYLE[status]}]{SHORT[status]}[/]")
+        if records:
+            worst, which = catalog_cell(row, records)
+            text = (
+                "-"
+                if worst is None
+                else (
+                    "ok" if not which else (which[0] if len(which) == 1 else f"{len(which)} {SHORT[worst]}")
+                )
+            )
+            cells.append(text if worst is None else f"[{STYLE[worst]}]{escape(text)}[/]")
+        table.add_row(escape(row.subject.label), *cells, ", ".join(_marks(advice, row)))
+    return table

@@ -1,1 +1,1 @@
-"""What each command does, end to end: the one path to verdicts (evaluate), a check request (runner), advise, fix decisions (planning) and the fix command's operations, and the progress they report."""
+"""What each command does, end to end: the one path to verdicts (evaluate), a check request (runner), advise, fix decisions (planning), the recorded fixes (recordedfixes), `npudoctor run`'s launch (launcher), the commands the output names (hints) and the fix command's operations, and the progress they report."""

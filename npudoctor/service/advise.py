@@ -36,7 +36,7 @@ from npudoctor import interpreters
 from npudoctor.errors import ExitCode, InputError, NoTargetError
 from npudoctor.live import child_process
 from npudoctor.results import Report, Status
-from npudoctor.service.planning import UserOptions
+from npudoctor.service.hints import UserOptions
 from npudoctor.service.runner import CheckRequest, request_gate, run
 from npudoctor.target import history, releases
 from npudoctor.target.discovery import discover

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from npudoctor.engine.kinds import CheckKind
 from npudoctor.errors import InputError, NoTargetError
 from npudoctor.patching import activation, records
-from npudoctor.service import planning
+from npudoctor.service import hints, planning, recordedfixes
 
 if TYPE_CHECKING:
     from npudoctor.deployment.facts import Facts
@@ -34,7 +34,7 @@ class FixSetting:
     facts: Facts
     site: Path | None
 
-    def user_options(self) -> planning.UserOptions:
+    def user_options(self) -> hints.UserOptions:
         """The user's options the hints repeat, ``--site`` included."""
         site = ("--site", str(self.site)) if self.site is not None else ()
         return replace(self.request.user_options(), site=site)
@@ -112,7 +112,7 @@ def apply_hint(setting: FixSetting, unsafe: bool, fix_ids: list[str] | None = No
         *(["--select", ",".join(selected)] if selected else []),
         *(["--unsafe"] if unsafe else []),
     ]
-    return planning.hint("fix", *own, user=setting.user_options())
+    return hints.hint("fix", *own, user=setting.user_options())
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class RecordStatus:
 
     record: Path  # the record's .dist-info
     document: dict | None
-    rows: list[planning.SiteStatus]
+    rows: list[recordedfixes.SiteStatus]
     fits: bool  # the record holds what --apply would record now (nothing recorded: no fix is needed)
     next_command: str  # what makes the record fit again
     not_applied: str | None = None  # why sglang's processes will not apply the record (it does not fit)
@@ -181,7 +181,7 @@ class RecordStatus:
 
 def judged_with_record(setting: FixSetting, planned: list[planning.Planned], quiet: bool) -> dict:
     """``fix --status``'s proof: the checks of the fixes recorded where ``check`` looks for them
-    (``planning.recorded_fixes``), judged with those fixes in place, by id; empty when ``check`` would
+    (``recordedfixes.recorded_fixes``), judged with those fixes in place, by id; empty when ``check`` would
     judge none (nothing recorded there, a record sglang would not load, ``--depth static``). The
     live run is the one ``check`` after ``--apply`` makes (the result cache keeps it for that check)."""
     from npudoctor.service.evaluate import evaluate
@@ -189,7 +189,7 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
     from npudoctor.service.runner import live_steps
 
     depth = setting.request.depth
-    recorded = planning.recorded_fixes(setting.target, depth)
+    recorded = recordedfixes.recorded_fixes(setting.target, depth)
     if (
         recorded is None
         or not recorded.plan
@@ -225,13 +225,13 @@ def status(
     options. With nothing recorded it fits only when no fix is needed. ``judged``
     (``judged_with_record``): the verdicts with the record in place, said beside each fix in place."""
     where = record_dir(setting)
-    not_loaded = planning.record_not_loaded(setting.target, where) if document is not None else None
-    rows = planning.status(document or {"fixes": {}}, setting.target, planned, not_loaded, judged)
+    not_loaded = recordedfixes.record_not_loaded(setting.target, where) if document is not None else None
+    rows = recordedfixes.status(document or {"fixes": {}}, setting.target, planned, not_loaded, judged)
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     if needed:
         command = apply_hint(setting, unsafe, needed)
     else:
-        command = planning.hint("fix", "--revert", user=setting.user_options(), deployment=False)
+        command = hints.hint("fix", "--revert", user=setting.user_options(), deployment=False)
     fits = all(row.fits for row in rows) and not_loaded is None
     return RecordStatus(where / records.DIST_INFO, document, rows, fits, command, not_loaded)
 
@@ -278,8 +278,8 @@ def apply(setting: FixSetting, planned: list[planning.Planned], unsafe: bool = F
     applied = Applied(
         fixes,
         written.record if written else None,
-        planning.hint("fix", "--status", user=user),
-        planning.hint("fix", "--revert", user=user, deployment=False),
+        hints.hint("fix", "--status", user=user),
+        hints.hint("fix", "--revert", user=user, deployment=False),
         dropped,
     )
     if not applied.not_selected:
@@ -297,10 +297,10 @@ class PluginNote:
 def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
     """How the record reaches sglang's processes: the plugin group ``sglang.srt.plugins`` (sglang
     0.5.11+ loads it in every scheduler process), when their plugin loading would apply it in this
-    environment (``planning.record_not_loaded``); else why not, and ``npudoctor run`` (the command,
+    environment (``recordedfixes.record_not_loaded``); else why not, and ``npudoctor run`` (the command,
     with the user's options and launch command, or where theirs goes), which needs no plugin."""
     target = setting.target
-    not_loaded = planning.record_not_loaded(target, record_dir(setting))
+    not_loaded = recordedfixes.record_not_loaded(target, record_dir(setting))
     if not_loaded is None:
         return PluginNote(
             f"sglang {target.version} loads the plugin 'npudoctor' (group sglang.srt.plugins) of this "
@@ -311,7 +311,7 @@ def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
         return PluginNote(f"sglang's processes will not apply the record: {not_loaded}", warning=True)
     selected = setting.request.select
     own = [*(["--select", ",".join(selected)] if selected else []), *(["--unsafe"] if unsafe else [])]
-    command = planning.hint("run", *own, user=setting.user_options())
+    command = hints.hint("run", *own, user=setting.user_options())
     return PluginNote(
         f"sglang's processes will not apply the record: {not_loaded}; or start the server with npudoctor run:",
         warning=True,
@@ -338,8 +338,8 @@ def run_deployment(request: CheckRequest) -> Facts:
 def record_route(target: Target, document: dict, environ: dict[str, str]) -> str | None:
     """Why the record ``fix --apply`` wrote for ``target`` would not apply the fixes of ``document``
     (``npudoctor run``'s plan) in a command whose processes have ``environ`` and not the environment
-    ``run`` gives them (``planning.environment_ignored``); None when it would: it holds each of them
-    with the same shape, and sglang's plugin loading applies it there (``planning.record_not_loaded``)."""
+    ``run`` gives them (``launcher.environment_ignored``); None when it would: it holds each of them
+    with the same shape, and sglang's plugin loading applies it there (``recordedfixes.record_not_loaded``)."""
     try:
         found = records.read_beside(target)
     except InputError as error:
@@ -355,4 +355,4 @@ def record_route(target: Target, document: dict, environ: dict[str, str]) -> str
     ]
     if missing:
         return f"the record {record} does not hold {', '.join(missing)} as planned now"
-    return planning.record_not_loaded(target, record.parent, environ)
+    return recordedfixes.record_not_loaded(target, record.parent, environ)

@@ -24,7 +24,9 @@ from npudoctor.engine.running import collector_paused
 from npudoctor.errors import InputError
 from npudoctor.results import Gate, Impact, Report
 from npudoctor.service.evaluate import evaluate, reuse
-from npudoctor.service.planning import Action, UserOptions, decisions, recorded_fixes
+from npudoctor.service.hints import UserOptions
+from npudoctor.service.planning import Action, decisions
+from npudoctor.service.recordedfixes import recorded_fixes
 from npudoctor.service.workarounds import with_workaround
 from npudoctor.target.discovery import discover, require_ascend_backend
 from npudoctor.target.serverargs import validate_arguments
@@ -52,7 +54,7 @@ class CheckRequest:
     recorded_fixes: bool = True
 
     def user_options(self, default_depth: str = "auto") -> UserOptions:
-        """The user's own options a hint repeats (``planning.hint``): of ``check``, ``fix``, and
+        """The user's own options a hint repeats (``hints.hint``): of ``check``, ``fix``, and
         ``advise`` (whose ``default_depth`` is static): a depth other than the command's default is
         the user's own choice."""
         deployment: list[str] = []

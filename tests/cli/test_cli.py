@@ -13,7 +13,7 @@ import pytest
 import npudoctor.service.runner
 from npudoctor.engine.catalog import all_records
 from npudoctor.engine.kinds import CheckKind
-from npudoctor.formatters import FORMATS
+from npudoctor.formatters import NAMES as FORMAT_NAMES
 from npudoctor.results import SCHEMA_VERSION
 
 from support.notorch import WITHOUT_TORCH
@@ -245,7 +245,7 @@ def test_every_format_on_a_real_run(cli, release, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     base = ("check", "--sglang-path", release("0.5.12"), "--config", DEEPSEEK_PD, "--format")
     outputs = {}
-    for name in FORMATS:
+    for name in FORMAT_NAMES:
         code, out, _ = cli(*base, name, "--output", tmp_path / f"report.{name}")
         assert code == 1 and out == ""
         outputs[name] = (tmp_path / f"report.{name}").read_text()

@@ -19,6 +19,8 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
+from npudoctor.formatters import NAMES as FORMAT_NAMES
+
 from support.repo import EXAMPLES
 
 
@@ -121,7 +123,7 @@ def test_no_hint_says_pip_install(tmp_path, release):
     run = without("numpy", tmp_path)
     tree = ["--sglang-path", release("0.5.12"), "--config", EXAMPLES / "deepseek-v3-pd.yaml"]
     forms = [("env",), ("env", "-f", "json")]
-    forms += [("check", *tree, "-f", f) for f in ("text", "json", "junit", "sarif", "github", "markdown")]
+    forms += [("check", *tree, "-f", f) for f in FORMAT_NAMES]
     forms += [("check", *tree, "--depth", "live"), ("fix", *tree), ("fix", *tree, "-f", "json")]
     prepare = shlex.join([sys.executable, "-m", "npudoctor", "env", "--prepare"])
     for form in forms:

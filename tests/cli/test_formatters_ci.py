@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.formatters import github, junit, markdown, renderer, sarif
+from npudoctor.formatters import github, junit, markdown, named, sarif
 from npudoctor.results import Depth, Evidence, Location, Remediation, Report, Result, Status, TargetInfo
 
 XSD = Path(__file__).parents[1] / "data" / "junit-10.xsd"
@@ -396,4 +396,4 @@ def test_markdown_render_details():
 
 def test_formats_registered():
     for name, module in (("junit", junit), ("sarif", sarif), ("github", github), ("markdown", markdown)):
-        assert renderer(name) is module.render
+        assert named(name).module().render is module.render

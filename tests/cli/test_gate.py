@@ -24,6 +24,7 @@ import yaml
 from npudoctor.engine.catalog import CatalogRecord, all_records
 from npudoctor.engine.kinds import CheckKind
 from npudoctor.engine.registry import all_checks
+from npudoctor.formatters import FORMATS
 from npudoctor.results import Impact
 
 from support.notorch import WITHOUT_TORCH
@@ -203,7 +204,7 @@ def test_a_defect_beside_the_unavailable_live_depth_still_exits_1(release, tmp_p
 
 VENV_BIN = Path(sys.executable).parent  # the repo's npudoctor console script
 UNSAFE = {"NPD002": "qwen3-moe-pd-fia.yaml", "NPD003": "llama3-70b-pp3-pd.yaml"}  # 0.5.9 has both
-HINTED_FORMATS = ("text", "markdown", "github", "junit")
+HINTED_FORMATS = tuple(f.name for f in FORMATS if f.hints)
 
 
 def _pasted(command: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -248,7 +248,7 @@ def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release)
     "observed: ..." in the compact one (a real report of 0.5.12, its first NPD001 evidence without
     its location)."""
     from npudoctor.formatters import text
-    from npudoctor.service.planning import UserOptions
+    from npudoctor.service.hints import UserOptions
     from npudoctor.service.runner import CheckRequest, run
 
     report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from npudoctor.engine.registry import all_checks
-from npudoctor.formatters import FORMATS
+from npudoctor.formatters import NAMES as FORMAT_NAMES
 from npudoctor.patching.fixbase import all_fixes
 
 CHECK_IDS = [c.id for c in all_checks()]
@@ -58,7 +58,8 @@ def test_a_bad_choice_is_one_clean_line_with_the_close_one(cli):
     line = one_line(err)
     assert code == 2
     assert (
-        line == f"npudoctor: error: --format: 'sarf' is not one of {', '.join(FORMATS)}; did you mean sarif?"
+        line
+        == f"npudoctor: error: --format: 'sarf' is not one of {', '.join(FORMAT_NAMES)}; did you mean sarif?"
     )
     code, _, err = cli("check", "--depth", "statc")
     assert code == 2 and one_line(err).endswith(

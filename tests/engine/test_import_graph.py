@@ -113,7 +113,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "npudoctor.patching.activation" in graph["npudoctor.service.planning"]
+    assert "npudoctor.patching.activation" in graph["npudoctor.service.recordedfixes"]
     assert "npudoctor.engine.check" in graph["npudoctor.live.child_process"]
     assert any(name.startswith("npudoctor.checks.npd001") for name in graph)
     # a lazy import inside a function counts

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from npudoctor.cli.options import DataFormat
 from npudoctor.deployment.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
-from npudoctor.formatters import FORMATS
+from npudoctor.formatters import DEFAULT, FORMATS, named
+from npudoctor.formatters import NAMES as FORMAT_NAMES
 
 from support.repo import EXAMPLES
 
@@ -142,7 +144,7 @@ def every_format(cli, tmp_path, monkeypatch, *args) -> dict:
     summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     report = None
-    for fmt in FORMATS:
+    for fmt in FORMAT_NAMES:
         split = args.index("--") if "--" in args else len(args)
         before, after = list(args[:split]), list(args[split:])
         code, out, err = cli("check", "--format", fmt, *before, *after)
@@ -213,8 +215,8 @@ def test_env_flags_are_redacted(cli, release, tmp_path, monkeypatch):
 
 
 def test_npudoctor_env_redacts_the_process_environment(cli, secret_env):
-    for fmt in ("text", "json"):
-        code, out, err = cli("env", "--format", fmt)
+    for fmt in DataFormat:
+        code, out, err = cli("env", "--format", fmt.value)
         assert code == 0, err
         assert_clean(out, err)
     data = json.loads(cli("env", "--format", "json")[1])["environment"]
@@ -442,7 +444,7 @@ def test_advise_reports_hold_no_secret(cli, release, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     command = launch_command(*JSON_FLAGS, "--api-key", ARG_SECRETS["--api-key"])
     args = ("--sglang-path", release("0.5.12"), "--select", "NPD", "--depth", "static")
-    for fmt in FORMATS:
+    for fmt in FORMAT_NAMES:
         code, out, err = cli("advise", "--format", fmt, *args, "--", *command)
         assert code in (0, 1), err
         assert_clean(out, err)
@@ -531,7 +533,7 @@ def test_terminal_controls_in_values_are_escaped_in_text_output(cli, release, tm
             code, out, err = cli(*args, "--output", target)
             assert_no_raw_controls(out, err, target.read_text())
             assert r"\x1b[2J" in target.read_text()
-            for fmt in ("json", "sarif", "junit", "github", "markdown"):
+            for fmt in (f.name for f in FORMATS if f is not DEFAULT):  # the default: above
                 code, out, err = cli(*args, "--format", fmt)
                 assert code in (0, 1), err
                 assert_no_raw_controls(out, err)
@@ -668,7 +670,7 @@ def test_a_catalog_workaround_does_not_echo_a_token_in_the_config_path(cli, rele
         json.dumps({"model": {"path": str(model)}, "roles": {"server": {"server_args": {"page_size": 1}}}})
     )
     tree = release(PAGE_SIZE_RELEASE)
-    for fmt in FORMATS:
+    for fmt in FORMAT_NAMES:
         code, out, err = cli(
             "check", "--sglang-path", tree, "--select", "NPC011", "--config", config, "--format", fmt
         )
@@ -750,13 +752,13 @@ def test_cr_and_bidi_controls_are_escaped_in_every_format(cli, release, tmp_path
         "ignore": [{"id": "NPD001", "until": "2999-12-31", "reason": SNEAKY}],
     }
     config.write_text(json.dumps(data))
-    for fmt in FORMATS:
+    for fmt in FORMAT_NAMES:
         code, out, err = cli("check", "--sglang-path", release("0.5.12"), "--config", config, "--format", fmt)
         assert code in (0, 1), err
         raw = [c for c in ("\r", "\u202e") if c in out]
         assert not raw, f"{fmt}: raw {raw} in:\n{out[:3000]!r}"
         if fmt == "junit":
             ET.fromstring(out)
-        if fmt in ("text", "junit", "markdown", "github"):
+        if named(fmt).hints:  # the formats people read, that name commands to paste
             assert r"before\rafter\u202edesrever" in out, f"{fmt}:\n{out[:3000]}"
     assert "\u202e" not in summary.read_text() and "\r" not in summary.read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.formatters import FORMATS
+from npudoctor.formatters import NAMES as FORMAT_NAMES
 
 from support.repo import EXAMPLES, source_copy
 
@@ -44,7 +44,7 @@ def run(executable: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
-@pytest.mark.parametrize("output_format", FORMATS)
+@pytest.mark.parametrize("output_format", FORMAT_NAMES)
 def test_static_check_in_every_format(slim, release, tmp_path, output_format):
     done = run(slim, "check", "--depth", "static", "-f", output_format, "--sglang-path", release("0.5.12"),
                "--config", EXAMPLES / "deepseek-v3-pd.yaml", cwd=tmp_path)  # fmt: skip

@@ -163,7 +163,7 @@ UNLOADED = ["SGLANG_PLUGINS names another plugin", "the site is off the server's
 def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(
     cli, release, site, monkeypatch, how
 ):
-    from npudoctor.service.planning import recorded_fixes
+    from npudoctor.service.recordedfixes import recorded_fixes
     from npudoctor.target.discovery import discover
 
     tree = release(OLD)
@@ -193,7 +193,7 @@ def test_a_record_sglang_will_not_load_is_not_judged_and_status_says_why(
 def test_sglang_plugins_naming_npudoctor_among_others_keeps_the_record_judged(
     cli, release, site, monkeypatch
 ):
-    from npudoctor.service.planning import recorded_fixes
+    from npudoctor.service.recordedfixes import recorded_fixes
     from npudoctor.target.discovery import discover
 
     tree = release(OLD)
