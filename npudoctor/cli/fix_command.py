@@ -96,7 +96,7 @@ def fix(
         return
     setting = operations.fix_setting(request, site, writing=apply)
     document = operations.recorded(setting) if status else None
-    planned = operations.plan_fixes(request, setting.target, setting.facts, unsafe, quiet)
+    planned = operations.plan_fixes(request, setting.subject, unsafe, quiet)
     if status:
         judged = operations.judged_with_record(setting, planned, quiet) if document is not None else None
         _show_status(operations.status(setting, document, planned, unsafe, judged), setting, unsafe, as_json)

@@ -25,11 +25,11 @@ import io
 from rich.console import Console, RenderableType
 from rich.text import Text
 
+from npudoctor.deployment.workarounds import command_of
 from npudoctor.engine.catalog import ID_PREFIX as CATALOG_PREFIX
 from npudoctor.formatters.layout import Gist, Labelled, Para, Rows, Uncropped, Whole, group, print_whole
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
 from npudoctor.service.planning import UserOptions, fix_hint
-from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
 STYLE = {

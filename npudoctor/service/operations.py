@@ -18,9 +18,9 @@ from npudoctor.patching import activation, records
 from npudoctor.service import planning
 
 if TYPE_CHECKING:
-    from npudoctor.deployment.facts import Facts
     from npudoctor.results import Result
     from npudoctor.service.runner import CheckRequest
+    from npudoctor.service.subject import Subject
     from npudoctor.target.discovery import Target
 
 
@@ -29,9 +29,12 @@ class FixSetting:
     """The sglang, the deployment and the record directory (``--site``) one ``fix`` works on."""
 
     request: CheckRequest
-    target: Target
-    facts: Facts
+    subject: Subject
     site: Path | None
+
+    @property
+    def target(self) -> Target:
+        return self.subject.target
 
     def user_options(self) -> planning.UserOptions:
         """The user's options the hints repeat, ``--site`` included."""
@@ -40,26 +43,24 @@ class FixSetting:
 
 
 def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:
-    """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment; with
-    ``writing`` (``--apply``), the record directory is proven writable before the plan's live run."""
-    from npudoctor.service.runner import load_deployment
-    from npudoctor.target.discovery import discover, require_ascend_backend
+    """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment
+    (``subject.resolve``); with ``writing`` (``--apply``), the record directory is proven writable
+    before the plan's live run."""
+    from npudoctor.service.subject import resolve
 
-    target = discover(request.sglang_path)
-    require_ascend_backend(target)
-    facts = load_deployment(request).facts
+    subject = resolve(request.deployment, depth=request.depth, sglang_path=request.sglang_path)
     if writing:
-        records.require_writable(site, target)
-    return FixSetting(request, target, facts, site)
+        records.require_writable(site, subject.target)
+    return FixSetting(request, subject, site)
 
 
-def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool, quiet: bool):
-    """``planning.plan`` of the request's fixes (all of them without --select), with progress."""
+def plan_fixes(request: CheckRequest, subject: Subject, unsafe: bool, quiet: bool):
+    """``planning.plan`` of the request's fixes (all of them without --select) for the resolved
+    ``subject``, with progress."""
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import live_steps
-    from npudoctor.target.serverargs import validate_arguments
 
-    validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
+    target, facts = subject.target, subject.facts
     fixes = planning.select_fixes(request.select)
     with Progress.for_stderr(quiet) as progress:
         progress.step(
@@ -197,7 +198,7 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
         results = evaluate(
             checks,
             setting.target,
-            setting.facts,
+            setting.subject.facts,
             depth,
             fixes=recorded.plan,
             on_step=live_steps(progress.step, setting.target),
@@ -310,22 +311,6 @@ def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
         warning=True,
         command=command,
     )
-
-
-def run_deployment(request: CheckRequest) -> Facts:
-    """The deployment ``npudoctor run`` plans for: the one --config or --model-path describes (the
-    command is then only run), else the launch command's; a command npudoctor cannot read as an
-    sglang launch gets the fixes for the worst case."""
-    from npudoctor.service.runner import load_deployment
-
-    if request.config is not None or request.model_path is not None:
-        request = replace(request, launch_command=[])
-    try:
-        return load_deployment(request).facts
-    except InputError:
-        if not request.launch_command:
-            raise
-        return load_deployment(replace(request, launch_command=[])).facts
 
 
 def record_route(target: Target, document: dict, environ: dict[str, str]) -> str | None:
