@@ -131,7 +131,7 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
     when it no longer does. Nothing recorded: what ``--apply`` would record, exit 1 when that is a fix."""
     from npudoctor.formatters import fixplan
 
-    target = setting.target
+    target = setting.subject.target
     if as_json:
         _report(True, found.to_json(), "")
     elif found.document is None:

@@ -32,10 +32,6 @@ class FixSetting:
     subject: Subject
     site: Path | None
 
-    @property
-    def target(self) -> Target:
-        return self.subject.target
-
     def user_options(self) -> planning.UserOptions:
         """The user's options the hints repeat, ``--site`` included."""
         site = ("--site", str(self.site)) if self.site is not None else ()
@@ -132,12 +128,12 @@ def revert(site: Path | None, sglang_path: Path | None) -> Reverted:
 def recorded(setting: FixSetting) -> dict | None:
     """The record ``--apply`` wrote for this setting, if any (``fix --status``; what a ``fix``
     killed half-way left beside it is removed first, when no other ``fix`` is writing)."""
-    records.tidy(setting.site, setting.target)
-    return records.read(setting.site, setting.target)
+    records.tidy(setting.site, setting.subject.target)
+    return records.read(setting.site, setting.subject.target)
 
 
 def record_dir(setting: FixSetting) -> Path:
-    return records.site_dir(setting.site, setting.target)
+    return records.site_dir(setting.site, setting.subject.target)
 
 
 @dataclass(frozen=True)
@@ -183,7 +179,7 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
     from npudoctor.service.runner import live_steps
 
     depth = setting.request.depth
-    recorded = planning.recorded_fixes(setting.target, depth)
+    recorded = planning.recorded_fixes(setting.subject.target, depth)
     if (
         recorded is None
         or not recorded.plan
@@ -197,11 +193,11 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
         progress.step(f"live probes with the recorded fix(es) {', '.join(recorded.plan)}")
         results = evaluate(
             checks,
-            setting.target,
+            setting.subject.target,
             setting.subject.facts,
             depth,
             fixes=recorded.plan,
-            on_step=live_steps(progress.step, setting.target),
+            on_step=live_steps(progress.step, setting.subject.target),
         ).results
     return {result.id: result for result in results}
 
@@ -219,8 +215,8 @@ def status(
     options. With nothing recorded it fits only when no fix is needed. ``judged``
     (``judged_with_record``): the verdicts with the record in place, said beside each fix in place."""
     where = record_dir(setting)
-    not_loaded = planning.record_not_loaded(setting.target, where) if document is not None else None
-    rows = planning.status(document or {"fixes": {}}, setting.target, planned, not_loaded, judged)
+    not_loaded = planning.record_not_loaded(setting.subject.target, where) if document is not None else None
+    rows = planning.status(document or {"fixes": {}}, setting.subject.target, planned, not_loaded, judged)
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     if needed:
         command = apply_hint(setting, unsafe, needed)
@@ -262,9 +258,9 @@ def apply(setting: FixSetting, planned: list[planning.Planned], unsafe: bool = F
     The record is the plan of this ``--apply``, so it replaces the fixes recorded before: those it
     no longer holds are said (``dropped``), with the ``--apply`` that keeps the ones the user's
     ``--select`` left out."""
-    document = planning.record_document(planned, setting.target)
+    document = planning.record_document(planned, setting.subject.target)
     fixes = sorted(document["fixes"])
-    written = records.write(document, setting.site, setting.target) if fixes else None
+    written = records.write(document, setting.site, setting.subject.target) if fixes else None
     before = (written.replaced or {}).get("fixes", {}) if written else {}
     decided = {p.fix.id: p.decision.action.value for p in planned}
     dropped = {fix_id: decided.get(fix_id, NOT_SELECTED) for fix_id in sorted(set(before) - set(fixes))}
@@ -293,7 +289,7 @@ def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
     0.5.11+ loads it in every scheduler process), when their plugin loading would apply it in this
     environment (``planning.record_not_loaded``); else why not, and ``npudoctor run`` (the command,
     with the user's options and launch command, or where theirs goes), which needs no plugin."""
-    target = setting.target
+    target = setting.subject.target
     not_loaded = planning.record_not_loaded(target, record_dir(setting))
     if not_loaded is None:
         return PluginNote(
