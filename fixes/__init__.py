@@ -29,20 +29,21 @@ def apply(
 
     ``depth`` is the depth the checks decide at, as in ``npudoctor check`` (``auto``: the live
     probes run in a child interpreter where sglang imports)."""
+    from npudoctor.deployment.spec import DeploymentSpec
     from npudoctor.patching import activation
     from npudoctor.patching.planfile import plan_of
     from npudoctor.service import planning
-    from npudoctor.service.runner import load_deployment_from
-    from npudoctor.target.discovery import discover
-    from npudoctor.target.serverargs import validate_arguments
+    from npudoctor.service.subject import Need, resolve
 
-    target = discover()
-    deploy = load_deployment_from(Path(config) if config is not None else None)
-    validate_arguments(deploy.facts, target)  # a name no sglang knows: InputError, nothing applied
+    # a name no sglang knows: InputError, nothing applied; an sglang without the Ascend backend is
+    # not refused here: the decisions say what applies
+    deployment = DeploymentSpec(config=Path(config) if config is not None else None)
+    subject = resolve(deployment, depth=depth, need=Need.ANY_SGLANG)
+    target = subject.target
     planned = planning.plan(
         planning.select_fixes(list(fix_ids or [])),
         target,
-        deploy.facts,
+        subject.facts,
         unsafe,
         depth,
     )

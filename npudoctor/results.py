@@ -99,7 +99,7 @@ class Remediation:
     # (``Check.remediation``), so that the report can say which release fixes all its findings
     upgrade_to: str | None = None
     # a catalog record's workaround, in the deployment's own form where one is known
-    # (``npudoctor.service.workarounds.with_workaround``): the compact report's one line of it
+    # (``npudoctor.deployment.workarounds.with_workaround``): the compact report's one line of it
     workaround: str = ""
 
     @property

@@ -35,7 +35,7 @@ def remedy(record) -> str:
     parts = []
     parts.append(f"upgrade to {record.first_fixed}" if record.first_fixed else "no fixed release")
     if record.remedy.flags or record.remedy.env:
-        from npudoctor.service.workarounds import workaround_text
+        from npudoctor.deployment.workarounds import workaround_text
 
         parts.append("workaround: " + workaround_text(record.remedy.flags, record.remedy.env, []))
     if record.remedy.fix:

@@ -16,6 +16,7 @@ import typer
 
 from npudoctor.cli.options import Depth, ids
 from npudoctor.deployment.redact import redact_argv
+from npudoctor.deployment.spec import DeploymentSpec
 from npudoctor.errors import InputError, UnknownLaunchFlag
 
 if TYPE_CHECKING:
@@ -86,22 +87,26 @@ class DeploymentOptions:
     env: tuple[str, ...]
     isolated: bool
 
-    def server_flags(self) -> dict[str, int | str]:
-        """The server arguments ``--model-path``'s flags give (``--disaggregation-mode`` ...), after
-        the words after ``--`` are known to be a launch command, not a misplaced option."""
+    def spec(self) -> DeploymentSpec:
+        """The deployment these options describe, once the words after ``--`` are known to be a
+        launch command, not a misplaced option."""
         if self.launch_command and self.launch_command[0].startswith("-"):
             shown = redact_argv(self.launch_command[:1])[0]  # `--api-key=X` before the `--`
             raise InputError(f"unknown option {shown!r} (a launch command goes after '--')")
-        return {
-            key: value
-            for key, value in (
-                ("disaggregation_mode", self.role.value if self.role else None),
-                ("pp_size", self.pp_size),
-                ("tp_size", self.tp_size),
-                ("page_size", self.page_size),
-            )
-            if value is not None
-        }
+        flags = (
+            ("disaggregation_mode", self.role.value if self.role else None),
+            ("pp_size", self.pp_size),
+            ("tp_size", self.tp_size),
+            ("page_size", self.page_size),
+        )
+        return DeploymentSpec(
+            config=self.config,
+            launch_command=self.launch_command,
+            model_path=self.model_path,
+            server_flags=tuple((key, value) for key, value in flags if value is not None),
+            env_flags=self.env,
+            isolated=self.isolated,
+        )
 
     def inputs(self) -> list[tuple[Path, str]]:
         """The files this description is read from, with the words that name them: a report is
@@ -125,13 +130,8 @@ class DeploymentOptions:
         """The ``CheckRequest`` of this deployment and the command's own options."""
         from npudoctor.service.runner import CheckRequest
 
-        flags = self.server_flags()
         return CheckRequest(
-            config=self.config,
-            launch_command=list(self.launch_command),
-            model_path=self.model_path,
-            server_flags=flags,
-            env_flags=list(self.env),
+            deployment=self.spec(),
             sglang_path=sglang_path,
             depth=depth.value,
             select=ids(select),
@@ -139,7 +139,6 @@ class DeploymentOptions:
             ignore=list(ignore or []),
             today=dt.date.today(),
             with_fixes=list(with_fixes or []),
-            isolated=self.isolated,
             recorded_fixes=recorded_fixes,
         )
 

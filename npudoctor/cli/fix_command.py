@@ -96,7 +96,7 @@ def fix(
         return
     setting = operations.fix_setting(request, site, writing=apply)
     document = operations.recorded(setting) if status else None
-    planned = operations.plan_fixes(request, setting.target, setting.facts, unsafe, quiet)
+    planned = operations.plan_fixes(request, setting.subject, unsafe, quiet)
     if status:
         judged = operations.judged_with_record(setting, planned, quiet) if document is not None else None
         _show_status(operations.status(setting, document, planned, unsafe, judged), setting, unsafe, as_json)
@@ -131,7 +131,7 @@ def _show_status(found, setting, unsafe: bool, as_json: bool) -> None:
     when it no longer does. Nothing recorded: what ``--apply`` would record, exit 1 when that is a fix."""
     from npudoctor.formatters import fixplan
 
-    target = setting.target
+    target = setting.subject.target
     if as_json:
         _report(True, found.to_json(), "")
     elif found.document is None:

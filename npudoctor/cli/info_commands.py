@@ -77,21 +77,13 @@ def explain(
 
 def _facts(deployment: DeploymentOptions):
     """The facts of the deployment the options describe (read as ``check --depth static`` reads it),
-    or None for none: every witness of the release history speaks. The deployment module only:
-    ``list`` and ``explain`` load no check machinery."""
-    flags = deployment.server_flags()
-    if not (deployment.config or deployment.launch_command or deployment.model_path):
+    or None for none: every witness of the release history speaks. No sglang is looked for."""
+    spec = deployment.spec()
+    if not spec.described:
         return None
-    from npudoctor.deployment import load
+    from npudoctor.service.subject import Need, resolve
 
-    return load.described(
-        config=deployment.config,
-        launch_command=deployment.launch_command,
-        model_path=deployment.model_path,
-        server_flags=flags,
-        env_flags=deployment.env,
-        isolated=deployment.isolated,
-    ).facts
+    return resolve(spec, depth="static", need=Need.DEPLOYMENT).facts
 
 
 def env_command(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -46,7 +47,7 @@ def run(
     """Run a command (an sglang server) with the runtime fixes its sglang needs: npudoctor run -- CMD..."""
     from npudoctor.patching import activation
     from npudoctor.service import launcher, operations, planning
-    from npudoctor.target.discovery import discover
+    from npudoctor.service.subject import Need, resolve
 
     command = list(deployment.launch_command)
     if command and command[0].startswith("-"):
@@ -55,19 +56,21 @@ def run(
     launcher.resolve_command(command)  # 127/126 before any planning
     use_python(python)
     request = deployment.check_request(depth, select=select)
-    facts = operations.run_deployment(request)
+    request = dataclasses.replace(request, deployment=request.deployment.for_run())
     if activation.disabled():  # no process would apply a fix: nothing to plan, nothing to claim
+        resolve(request.deployment, depth=request.depth, need=Need.DEPLOYMENT)  # a bad one is still exit 2
         output.say(f"{activation.KILL_SWITCH} is set: fixes are disabled, the command runs without any")
         raise typer.Exit(launcher.run_command(command, None))
     try:
-        target = discover()
+        subject = resolve(request.deployment, depth=request.depth, need=Need.ANY_SGLANG)
     except NoTargetError:
         raise NoTargetError(
             "run: no sglang found: it is not installed in the environment whose sglang `npudoctor run` "
             "fixes (--python PATH names the interpreter sglang runs in; or put sglang on PYTHONPATH)"
         ) from None
+    target = subject.target
     if target.has_ascend_backend:
-        planned = operations.plan_fixes(request, target, facts, unsafe, quiet)
+        planned = operations.plan_fixes(request, subject, unsafe, quiet)
     else:
         planned = []
         if not quiet:

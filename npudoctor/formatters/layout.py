@@ -70,7 +70,7 @@ def wrap_words(text: str | Text, width: int) -> list[Text]:
 
 
 # a word, and its trailing blanks; a YAML key a workaround sets and its value are one word
-# (``server_args.pp_size: 1``, ``env.ASCEND_USE_FIA: 0``: ``npudoctor.service.workarounds``)
+# (``server_args.pp_size: 1``, ``env.ASCEND_USE_FIA: 0``: ``npudoctor.deployment.workarounds``)
 _WORD = re.compile(r"(?:\b(?:server_args|env)\.\w+: (?=\S))?\S+\s*")
 
 

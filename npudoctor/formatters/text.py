@@ -31,6 +31,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from npudoctor.deployment.workarounds import command_of
 from npudoctor.engine.kinds import CheckKind
 from npudoctor.formatters.advice import SHORT, catalog_cell, matrix_columns, recommendation_lines
 from npudoctor.formatters.layout import (
@@ -46,7 +47,6 @@ from npudoctor.formatters.layout import (
 from npudoctor.results import DEFAULT_FAILING, Evidence, Impact, Report, Result, Status
 from npudoctor.service.advise import Advice, Row, cell
 from npudoctor.service.hints import UserOptions, fix_hint
-from npudoctor.service.workarounds import command_of
 from npudoctor.terminal import TerminalConsole
 
 STYLE = {

@@ -19,9 +19,9 @@ from npudoctor.patching import activation, records
 from npudoctor.service import hints, planning, recordedfixes
 
 if TYPE_CHECKING:
-    from npudoctor.deployment.facts import Facts
     from npudoctor.results import Result
     from npudoctor.service.runner import CheckRequest
+    from npudoctor.service.subject import Subject
     from npudoctor.target.discovery import Target
 
 
@@ -30,8 +30,7 @@ class FixSetting:
     """The sglang, the deployment and the record directory (``--site``) one ``fix`` works on."""
 
     request: CheckRequest
-    target: Target
-    facts: Facts
+    subject: Subject
     site: Path | None
 
     def user_options(self) -> hints.UserOptions:
@@ -41,26 +40,24 @@ class FixSetting:
 
 
 def fix_setting(request: CheckRequest, site: Path | None, writing: bool) -> FixSetting:
-    """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment; with
-    ``writing`` (``--apply``), the record directory is proven writable before the plan's live run."""
-    from npudoctor.service.runner import load_deployment
-    from npudoctor.target.discovery import discover, require_ascend_backend
+    """The sglang ``request`` names (it must have the Ascend NPU backend) and its deployment
+    (``subject.resolve``); with ``writing`` (``--apply``), the record directory is proven writable
+    before the plan's live run."""
+    from npudoctor.service.subject import resolve
 
-    target = discover(request.sglang_path)
-    require_ascend_backend(target)
-    facts = load_deployment(request).facts
+    subject = resolve(request.deployment, depth=request.depth, sglang_path=request.sglang_path)
     if writing:
-        records.require_writable(site, target)
-    return FixSetting(request, target, facts, site)
+        records.require_writable(site, subject.target)
+    return FixSetting(request, subject, site)
 
 
-def plan_fixes(request: CheckRequest, target: Target, facts: Facts, unsafe: bool, quiet: bool):
-    """``planning.plan`` of the request's fixes (all of them without --select), with progress."""
+def plan_fixes(request: CheckRequest, subject: Subject, unsafe: bool, quiet: bool):
+    """``planning.plan`` of the request's fixes (all of them without --select) for the resolved
+    ``subject``, with progress."""
     from npudoctor.service.progress import Progress
     from npudoctor.service.runner import live_steps
-    from npudoctor.target.serverargs import validate_arguments
 
-    validate_arguments(facts, target)  # a name no sglang knows: exit 2 before planning
+    target, facts = subject.target, subject.facts
     fixes = planning.select_fixes(request.select)
     with Progress.for_stderr(quiet) as progress:
         progress.step(
@@ -138,12 +135,12 @@ def revert(site: Path | None, sglang_path: Path | None) -> Reverted:
 def recorded(setting: FixSetting) -> dict | None:
     """The record ``--apply`` wrote for this setting, if any (``fix --status``; what a ``fix``
     killed half-way left beside it is removed first, when no other ``fix`` is writing)."""
-    records.tidy(setting.site, setting.target)
-    return records.read(setting.site, setting.target)
+    records.tidy(setting.site, setting.subject.target)
+    return records.read(setting.site, setting.subject.target)
 
 
 def record_dir(setting: FixSetting) -> Path:
-    return records.site_dir(setting.site, setting.target)
+    return records.site_dir(setting.site, setting.subject.target)
 
 
 @dataclass(frozen=True)
@@ -189,7 +186,7 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
     from npudoctor.service.runner import live_steps
 
     depth = setting.request.depth
-    recorded = recordedfixes.recorded_fixes(setting.target, depth)
+    recorded = recordedfixes.recorded_fixes(setting.subject.target, depth)
     if (
         recorded is None
         or not recorded.plan
@@ -203,11 +200,11 @@ def judged_with_record(setting: FixSetting, planned: list[planning.Planned], qui
         progress.step(f"live probes with the recorded fix(es) {', '.join(recorded.plan)}")
         results = evaluate(
             checks,
-            setting.target,
-            setting.facts,
+            setting.subject.target,
+            setting.subject.facts,
             depth,
             fixes=recorded.plan,
-            on_step=live_steps(progress.step, setting.target),
+            on_step=live_steps(progress.step, setting.subject.target),
         ).results
     return {result.id: result for result in results}
 
@@ -225,8 +222,12 @@ def status(
     options. With nothing recorded it fits only when no fix is needed. ``judged``
     (``judged_with_record``): the verdicts with the record in place, said beside each fix in place."""
     where = record_dir(setting)
-    not_loaded = recordedfixes.record_not_loaded(setting.target, where) if document is not None else None
-    rows = recordedfixes.status(document or {"fixes": {}}, setting.target, planned, not_loaded, judged)
+    not_loaded = (
+        recordedfixes.record_not_loaded(setting.subject.target, where) if document is not None else None
+    )
+    rows = recordedfixes.status(
+        document or {"fixes": {}}, setting.subject.target, planned, not_loaded, judged
+    )
     needed = [p.fix.id for p in planned if p.decision.action is planning.Action.APPLY]
     if needed:
         command = apply_hint(setting, unsafe, needed)
@@ -268,9 +269,9 @@ def apply(setting: FixSetting, planned: list[planning.Planned], unsafe: bool = F
     The record is the plan of this ``--apply``, so it replaces the fixes recorded before: those it
     no longer holds are said (``dropped``), with the ``--apply`` that keeps the ones the user's
     ``--select`` left out."""
-    document = planning.record_document(planned, setting.target)
+    document = planning.record_document(planned, setting.subject.target)
     fixes = sorted(document["fixes"])
-    written = records.write(document, setting.site, setting.target) if fixes else None
+    written = records.write(document, setting.site, setting.subject.target) if fixes else None
     before = (written.replaced or {}).get("fixes", {}) if written else {}
     decided = {p.fix.id: p.decision.action.value for p in planned}
     dropped = {fix_id: decided.get(fix_id, NOT_SELECTED) for fix_id in sorted(set(before) - set(fixes))}
@@ -299,7 +300,7 @@ def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
     0.5.11+ loads it in every scheduler process), when their plugin loading would apply it in this
     environment (``recordedfixes.record_not_loaded``); else why not, and ``npudoctor run`` (the command,
     with the user's options and launch command, or where theirs goes), which needs no plugin."""
-    target = setting.target
+    target = setting.subject.target
     not_loaded = recordedfixes.record_not_loaded(target, record_dir(setting))
     if not_loaded is None:
         return PluginNote(
@@ -317,22 +318,6 @@ def plugin_note(setting: FixSetting, unsafe: bool = False) -> PluginNote:
         warning=True,
         command=command,
     )
-
-
-def run_deployment(request: CheckRequest) -> Facts:
-    """The deployment ``npudoctor run`` plans for: the one --config or --model-path describes (the
-    command is then only run), else the launch command's; a command npudoctor cannot read as an
-    sglang launch gets the fixes for the worst case."""
-    from npudoctor.service.runner import load_deployment
-
-    if request.config is not None or request.model_path is not None:
-        request = replace(request, launch_command=[])
-    try:
-        return load_deployment(request).facts
-    except InputError:
-        if not request.launch_command:
-            raise
-        return load_deployment(replace(request, launch_command=[])).facts
 
 
 def record_route(target: Target, document: dict, environ: dict[str, str]) -> str | None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npudoctor import __version__
-from npudoctor.deployment import ignores, load
-from npudoctor.deployment.launch import sglang_parser
+from npudoctor.deployment import ignores
 from npudoctor.deployment.redact import redact_argv, redact_result, redact_value
+from npudoctor.deployment.spec import DeploymentSpec
 from npudoctor.engine.check import Check, LiveOutcome
 from npudoctor.engine.kinds import CheckKind
 from npudoctor.engine.registry import all_checks, select
@@ -27,9 +27,7 @@ from npudoctor.service.evaluate import evaluate, reuse
 from npudoctor.service.hints import UserOptions
 from npudoctor.service.planning import Action, decisions
 from npudoctor.service.recordedfixes import recorded_fixes
-from npudoctor.service.workarounds import with_workaround
-from npudoctor.target.discovery import discover, require_ascend_backend
-from npudoctor.target.serverargs import validate_arguments
+from npudoctor.service.subject import resolve
 
 if TYPE_CHECKING:
     from npudoctor.service.progress import Progress
@@ -37,11 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class CheckRequest:
-    config: Path | None = None
-    launch_command: list[str] = field(default_factory=list)
-    model_path: Path | None = None
-    server_flags: dict = field(default_factory=dict)
-    env_flags: list[str] = field(default_factory=list)
+    deployment: DeploymentSpec = field(default_factory=DeploymentSpec)  # as the command line described it
     sglang_path: Path | None = None
     depth: str = "auto"
     select: list[str] = field(default_factory=list)
@@ -49,7 +43,6 @@ class CheckRequest:
     ignore: list[str] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
     with_fixes: list[str] = field(default_factory=list)  # run the live probes with these runtime fixes
-    isolated: bool = False  # the shell's environment is not read (``deployment.shell_env``)
     # judge with the fixes `fix --apply` recorded beside the target (False: --no-recorded-fixes)
     recorded_fixes: bool = True
 
@@ -57,22 +50,12 @@ class CheckRequest:
         """The user's own options a hint repeats (``hints.hint``): of ``check``, ``fix``, and
         ``advise`` (whose ``default_depth`` is static): a depth other than the command's default is
         the user's own choice."""
-        deployment: list[str] = []
-        if self.config is not None:
-            deployment += ["--config", str(self.config)]
-        if self.model_path is not None:
-            deployment += ["--model-path", str(self.model_path)]
-            deployment += [f"--{key.replace('_', '-')}={value}" for key, value in self.server_flags.items()]
-            for pair in self.env_flags:
-                deployment += ["--env", pair]
-        if self.isolated:
-            deployment.append("--isolated")
         target = ["--sglang-path", str(self.sglang_path)] if self.sglang_path is not None else []
         return UserOptions(
             target=tuple(redact_argv(target, for_shell=True)),
-            deployment=tuple(redact_argv(deployment, for_shell=True)),
+            deployment=tuple(redact_argv(self.deployment.options(), for_shell=True)),
             depth=self.depth if self.depth != default_depth else None,
-            launch_command=tuple(redact_argv(self.launch_command, for_shell=True)),
+            launch_command=tuple(redact_argv(self.deployment.launch_command, for_shell=True)),
         )
 
 
@@ -80,17 +63,16 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     """Run the requested checks; raises ``InputError``/``NoTargetError`` for the CLI to map.
     ``progress`` (``npudoctor.service.progress``) is told each step: the start, the live import, each probe."""
     checks = select_checks(request.select)
-    deploy = load_deployment(request)
-    gate = request_gate(request, deploy)  # a word --fail-on does not know: exit 2 before any probe runs
-    entries = deploy.ignores + [ignores.parse_cli(spec) for spec in request.ignore]
-    ignores.validate(entries, {c.id for c in all_checks()})
     if request.with_fixes and request.depth == "static":
         raise InputError("--with-fix runs the live probes with runtime fixes: it needs --depth live or auto")
     fixes = _selected_fixes(request.with_fixes)
-    target = discover(request.sglang_path)
-    require_ascend_backend(target)
-    validate_arguments(deploy.facts, target)  # a name no sglang knows: exit 2 before any probe runs
-    facts = deploy.facts
+    # a word --fail-on does not know: exit 2 before anything is read; the YAML's, before any probe runs
+    gate = request_gate(request) if request.fail_on is not None else None
+    subject = resolve(
+        request.deployment, depth=request.depth, sglang_path=request.sglang_path, ignore=request.ignore
+    )
+    gate = gate if gate is not None else request_gate(request, subject.fail_on)
+    target, facts = subject.target, subject.facts
 
     say = progress.step if progress is not None else (lambda _text: None)
     # the collector stays paused until the source is released: resumed with the ASTs still alive,
@@ -124,8 +106,8 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
         finally:
             target.release()  # the run is done with the source: reference counting frees the ASTs now
 
-    graded = [gate.grade(r) for r in _with_workarounds(evaluation.results, checks, request)]
-    results = ignores.apply(graded, entries, request.today)
+    graded = [gate.grade(r) for r in _with_workarounds(evaluation.results, checks, request.deployment)]
+    results = ignores.apply(graded, subject.ignores, request.today)
     live_summary = _live_summary(evaluation.live)
     if live_summary is not None and "reason" in live_summary:
         live_summary["reason"] = redact_value(live_summary["reason"])
@@ -142,24 +124,20 @@ def run(request: CheckRequest, progress: Progress | None = None) -> Report:
     )
 
 
-def request_gate(request: CheckRequest, deploy: load.Deployment | None = None) -> Gate:
+def request_gate(request: CheckRequest, yaml_fail_on: str | None = None) -> Gate:
     """What counts against the deployment: ``--fail-on`` when given, else the YAML's ``fail_on``,
     else the default (crashes and silent wrong output fail, leaks and performance warn)."""
-    text = request.fail_on if request.fail_on is not None else (deploy.fail_on if deploy else None)
+    text = request.fail_on if request.fail_on is not None else yaml_fail_on
     try:
         return Gate.parse(text, "--fail-on" if request.fail_on is not None else "fail_on")
     except ValueError as error:
         raise InputError(str(error)) from None
 
 
-def _with_workarounds(results, checks: list[Check], request: CheckRequest) -> list:
-    """Each catalog finding's workaround in the form the user gave the deployment (``service.workarounds``)."""
+def _with_workarounds(results, checks: list[Check], deployment: DeploymentSpec) -> list:
+    """Each catalog finding's workaround in the form the user gave the deployment."""
     records = {c.id: c for c in checks if c.kind is CheckKind.CATALOG}
-    config = str(request.config) if request.config is not None else None
-    return [
-        with_workaround(r, records[r.id], config, request.launch_command) if r.id in records else r
-        for r in results
-    ]
+    return [deployment.with_workaround(r, records[r.id]) if r.id in records else r for r in results]
 
 
 def live_steps(say, target) -> Callable[[str], None]:
@@ -223,25 +201,3 @@ def _live_summary(outcome: LiveOutcome | None) -> dict | None:
 
 def select_checks(ids: list[str]) -> list[Check]:
     return select(all_checks(), ids, "check")
-
-
-def load_deployment_from(config: Path | None) -> load.Deployment:
-    """The deployment of a YAML file with this process's environment under it, or none (every
-    check assumes its worst case): what an embedder (``npudoctor.fixes.apply``) describes."""
-    return load_deployment(CheckRequest(config=config))
-
-
-def load_deployment(request: CheckRequest) -> load.Deployment:
-    """The request's deployment. A launch command is read with sglang's own parser, which knows
-    every flag of the installed release; it needs an import, so only when the run may import
-    sglang at all and the target is the installed one."""
-    may_import = request.depth != "static" and request.sglang_path is None
-    return load.described(
-        config=request.config,
-        launch_command=request.launch_command,
-        model_path=request.model_path,
-        server_flags=request.server_flags,
-        env_flags=request.env_flags,
-        isolated=request.isolated,
-        sglang_parser=sglang_parser if may_import else None,
-    )

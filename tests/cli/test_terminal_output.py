@@ -247,11 +247,13 @@ def test_evidence_without_a_location_puts_the_expectation_on_its_bullet(release)
     """No empty bullet: an evidence with no location is "- expected: ..." in the full report and
     "observed: ..." in the compact one (a real report of 0.5.12, its first NPD001 evidence without
     its location)."""
+    from npudoctor.deployment.spec import DeploymentSpec
     from npudoctor.formatters import text
     from npudoctor.service.hints import UserOptions
     from npudoctor.service.runner import CheckRequest, run
 
-    report = run(CheckRequest(config=DEEPSEEK_PD, sglang_path=release("0.5.12"), depth="static"))
+    deployment = DeploymentSpec(config=DEEPSEEK_PD)
+    report = run(CheckRequest(deployment=deployment, sglang_path=release("0.5.12"), depth="static"))
     npd001 = next(r for r in report.results if r.id == "NPD001")
     first = dataclasses.replace(npd001.evidence[0], location=None)
     changed = dataclasses.replace(npd001, evidence=(first, *npd001.evidence[1:]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from npudoctor.service.workarounds import rewritten_command, workaround_text
+from npudoctor.deployment.workarounds import rewritten_command, workaround_text
 
 LAUNCH = [
     "ASCEND_USE_FIA=0",
