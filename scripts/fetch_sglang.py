@@ -2,6 +2,7 @@
 """Fetch real sglang releases from PyPI and unpack their source trees, once.
 
     python scripts/fetch_sglang.py 0.5.9 0.5.12 ...     # prints one unpacked tree per line
+    python scripts/fetch_sglang.py --published-since 0.4.10 --jobs 6   # what the test suite reads
 
 The release cache of ``npudoctor.target.releases`` (``npudoctor advise`` uses the same one): each
 release is downloaded with ``pip download --no-deps sglang==X`` into ``<cache>/wheels`` and
@@ -18,6 +19,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,17 +66,41 @@ def releases(since: str, cache: Path | None = None) -> list[str]:
         raise SystemExit(f"fetch_sglang: {error}") from None
 
 
+def published_releases(since: str, cache: Path | None = None) -> list[str]:
+    """Every sglang release on PyPI from ``since`` to the newest, post-releases included, oldest
+    first: what the catalog's release ranges are derived over (``scripts/catalog_ranges.py``)."""
+    try:
+        return _releases.published_releases(since, cache or cache_dir())
+    except _releases.FetchError as error:
+        raise SystemExit(f"fetch_sglang: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", help="sglang release versions, e.g. 0.5.12")
     parser.add_argument(
         "--since", metavar="VERSION", help="also every final release from VERSION to the newest"
     )
+    parser.add_argument(
+        "--published-since",
+        metavar="VERSION",
+        help="also every release from VERSION to the newest, post-releases included",
+    )
+    # Each download is a pip process waiting on the network, each unpack mostly zlib and sha256
+    # (they release the GIL): threads overlap them. The test suite reads ~45 releases; one after
+    # another they cost minutes on a clean clone (scripts/test.sh fetches them with --jobs).
+    parser.add_argument("--jobs", type=int, default=1, help="releases fetched at once (default 1)")
     args = parser.parse_args(argv)
-    if not args.versions and not args.since:
-        parser.error("give versions or --since VERSION")
-    for version in [*args.versions, *(releases(args.since) if args.since else [])]:
-        print(fetch(version))
+    if not args.versions and not args.since and not args.published_since:
+        parser.error("give versions, --since VERSION or --published-since VERSION")
+    versions = [
+        *args.versions,
+        *(releases(args.since) if args.since else []),
+        *(published_releases(args.published_since) if args.published_since else []),
+    ]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for tree in pool.map(fetch, dict.fromkeys(versions)):
+            print(tree)
     return 0
 
 

@@ -7,8 +7,34 @@
 # `./scripts/test.sh --full` the whole suite.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The releases the suite reads (every one the catalog's ranges are derived over: 0.4.10 to the
+# newest, post-releases included, ~45 wheels) are fetched several at once, while the venv is
+# installed: one after another, inside the tests, they cost minutes on a clean clone. The script
+# is stdlib only; it needs a pip to download with (else the venv's, once it is there). Whatever
+# it cannot fetch the tests fetch themselves, and say why when they cannot either. A run given
+# other arguments (a tier, a selection) fetches only what its tests ask for.
+python="${PYTHON:-python3}"
+fetched="$(mktemp)"
+trap 'rm -f "$fetched"' EXIT
+prefetch() { "$1" "$repo/scripts/fetch_sglang.py" --published-since 0.4.10 --jobs 6 >/dev/null 2>"$fetched"; }
+ahead=no fetching=""
+if [ "$#" -eq 0 ] || [ "$*" = "--full" ]; then
+  ahead=yes
+  if "$python" -m pip --version >/dev/null 2>&1; then
+    prefetch "$python" &
+    fetching=$!
+  fi
+fi
 source "$repo/scripts/bootstrap.sh"
 cd "$repo"
+if [ "$ahead" = yes ] && [ -z "$fetching" ]; then
+  prefetch python &
+  fetching=$!
+fi
+if [ -n "$fetching" ] && ! wait "$fetching"; then
+  echo "npudoctor: fetching the releases ahead failed (the tests fetch what they need):" >&2
+  tail -n 5 "$fetched" >&2
+fi
 status=0
 python -m pytest -q -n auto --dist loadgroup "$@" || status=$?
 if [ "$status" -eq 5 ]; then

@@ -157,11 +157,17 @@ def session_static_cache(tmp_path_factory):
     """The session's fixtures (shared live runs, built states) write no cache in the user's home,
     and see no code-path variable of the shell the tests were started from: every deployment form
     reads them (``deployment.shell_env``), and a developer's ``ASCEND_USE_FIA=1`` must not turn a
-    verdict the truths expect. A test that wants one sets it."""
+    verdict the truths expect. A test that wants one sets it.
+
+    Nor do the processes the tests start see the xdist worker's name (``PYTEST_XDIST_WORKER``,
+    which xdist only writes): the runs shared by the workers (``fixprobe``, the live outcomes of
+    ``live_zygotes``) are keyed by their environment, and a name that differs per worker made
+    every worker compute each of them again."""
     from npudoctor.deployment.load import shell_env
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NPUDOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("npudoctor-cache")))
+        patch.delenv("PYTEST_XDIST_WORKER", raising=False)
         for name in shell_env():
             patch.delenv(name)
         yield

@@ -143,6 +143,17 @@ def probed(release, deployments):
     return run
 
 
+def probed_on_one_worker(params: list) -> list:
+    """``params`` (``sweep``'s) each in the xdist group of its release's ``probed`` run: the tests
+    reading one run go to the worker that makes it (another worker would only wait for it)."""
+    grouped = []
+    for param in params:
+        param = param if hasattr(param, "values") else pytest.param(param)
+        marks = [*param.marks, pytest.mark.xdist_group(f"npd003-fix-{param.values[0]}")]
+        grouped.append(pytest.param(*param.values, marks=marks, id=param.id))
+    return grouped
+
+
 def _stages(result: dict) -> list[str]:
     return [line for line in result["observed"] if line.startswith("prefill stage")]
 
@@ -158,7 +169,9 @@ def test_0510_ships_the_ascend_transfer_code_of_0511(release):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", sweep(WRITTEN_FOR))  # 0.5.9 (no PP handling) and 0.5.11
+@pytest.mark.parametrize(
+    "version", probed_on_one_worker(sweep(WRITTEN_FOR))
+)  # 0.5.9 (no PP handling), 0.5.11
 def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
     """MLA (K, V), MLA + indexer, MHA; even and uneven splits; no draft, MTP/EAGLE3 draft on a
     decode of PP 1 or of the prefill's PP size: unpatched, the examples and the uneven MHA splits
@@ -181,7 +194,9 @@ def test_every_stage_maps_one_to_one_with_the_fix(probed, version):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", sweep(WRITTEN_FOR))  # 0.5.9 (no PP handling) and 0.5.11
+@pytest.mark.parametrize(
+    "version", probed_on_one_worker(sweep(WRITTEN_FOR))
+)  # 0.5.9 (no PP handling), 0.5.11
 def test_pairs_per_stage_with_the_fix(probed, version):
     """The exact pairs of the first and last buffers of each stage (the probe quotes them)."""
     fixed = probed(version)["fixed"]
@@ -212,6 +227,7 @@ def test_pairs_per_stage_with_the_fix(probed, version):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("npd003-fix-0.5.11")  # the run of test_every_stage_maps_one_to_one_with_the_fix
 def test_the_decode_layer_count_is_the_served_models(probed):
     """Same pointer counts, different models: stage 0 holds 30 layers (60 pointers) and decode 62
     layers per group (124 pointers) in both, 61 + 1 MTP layer or 60 + 2. 0.5.11's splitter sees
