@@ -68,7 +68,9 @@ def recommendation_lines(advice: Advice) -> list[str]:
         uncured = [f for f in rec.baseline_findings if f not in applies]
         if applies:
             unsafe = any(c.safety == "unsafe" for c in rec.cures if c.action == "apply")
-            here = base is None or base.subject.installed or base.subject.tree is not None  # named by path
+            here = (
+                base is None or base.candidate.installed or base.candidate.tree is not None
+            )  # named by path
             where = "" if here else f" (on the host that runs {rec.baseline})"
             own = ["--apply", "--select", ",".join(applies), *(["--unsafe"] if unsafe else [])]
             lines.append(f"until you move{where}: {hint('fix', *own, user=baseline_options(advice))}")
@@ -104,9 +106,9 @@ def row_options(advice: Advice, row: Row | None) -> UserOptions:
     """The user's options for a command about ``row``'s release: a tree of their own
     (``--sglang-path``) is named; the installed sglang and a fetched release (on the host that runs
     it) are not."""
-    if row is None or row.subject.tree is None:
+    if row is None or row.candidate.tree is None:
         return advice.user
-    return dataclasses.replace(advice.user, target=("--sglang-path", str(row.subject.tree)))
+    return dataclasses.replace(advice.user, target=("--sglang-path", str(row.candidate.tree)))
 
 
 def row_line(index: int, total: int, row: Row) -> str:
@@ -117,4 +119,4 @@ def row_line(index: int, total: int, row: Row) -> str:
         outcome = f"{len(row.findings)} finding(s): {', '.join(row.findings)}"
     else:
         outcome = "no findings"
-    return f"[{index}/{total}] sglang {row.subject.label}: {outcome} ({row.seconds:.1f} s)"
+    return f"[{index}/{total}] sglang {row.candidate.label}: {outcome} ({row.seconds:.1f} s)"

@@ -130,7 +130,7 @@ def render_advice(advice: Advice) -> str:
     root = ET.Element("testsuites", {"name": "npudoctor advise"})
     totals = {"tests": 0, "failures": 0, "errors": 0}
     for row in advice.rows:
-        suite = ET.SubElement(root, "testsuite", {"name": clean(f"sglang {row.subject.label}")})
+        suite = ET.SubElement(root, "testsuite", {"name": clean(f"sglang {row.candidate.label}")})
         if row.report is None:  # a release that could not be had does not turn the build red by itself
             tally = {"tests": 1, "failures": 0, "errors": 0, "skipped": 1}
             case = ET.SubElement(

@@ -148,8 +148,8 @@ def render_advice(advice: Advice) -> str:
             cells.append(
                 "-" if worst is None else (f"**{SHORT[worst]}**: " + ", ".join(which) if which else "ok")
             )
-        note = cell(row.error) if row.error else ("installed" if row.subject.installed else "")
-        lines.append(f"| {cell(row.subject.label)} | " + " | ".join(cells) + f" | {note} |")
+        note = cell(row.error) if row.error else ("installed" if row.candidate.installed else "")
+        lines.append(f"| {cell(row.candidate.label)} | " + " | ".join(cells) + f" | {note} |")
     lines += ["", "### Recommendation", ""]
     lines += [f"- {cell(line.strip())}" for line in recommendation_lines(advice)]
     lines += [f"- note: {cell(note)}" for note in advice.notes]

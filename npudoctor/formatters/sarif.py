@@ -230,6 +230,6 @@ def render_advice(advice: Advice) -> str:
         if row.report is None:
             continue
         run = run_of(row.report)
-        run["automationDetails"] = {"id": f"npudoctor-advise/sglang-{row.subject.label}/"}
+        run["automationDetails"] = {"id": f"npudoctor-advise/sglang-{row.candidate.label}/"}
         runs.append(run)
     return log(runs)

@@ -490,20 +490,22 @@ def _release_rows(advice: Advice) -> Rows:
             others.append("catalog ok")
         said.append(", ".join(others))
         marks = ", ".join(_marks(advice, row))
-        rows.append(([row.subject.label], "; ".join(s for s in said if s) + (f" ({marks})" if marks else "")))
+        rows.append(
+            ([row.candidate.label], "; ".join(s for s in said if s) + (f" ({marks})" if marks else ""))
+        )
     header = ([Text("sglang", "bold")], Text("checks that are not pass or skip; the others counted", "bold"))
     return Rows(rows, header=header, wrap=True)
 
 
 def _marks(advice: Advice, row: Row) -> list[str]:
     marks = []
-    if row.subject.installed:
+    if row.candidate.installed:
         marks.append("installed")
-    if row.subject.label == advice.recommendation.baseline and not row.subject.installed:
+    if row.candidate.label == advice.recommendation.baseline and not row.candidate.installed:
         marks.append("baseline")
     if row.error is not None:
         marks.append("not checked")
-    elif row.subject.label == advice.recommendation.earliest_clean:
+    elif row.candidate.label == advice.recommendation.earliest_clean:
         marks.append("earliest clean")
     return marks
 
@@ -516,7 +518,7 @@ def _advice_renderable(advice: Advice) -> RenderableType:
     unchecked = [row for row in advice.rows if row.error is not None]
     if unchecked:
         parts.append(Text("Not checked:", style="bold"))
-        parts.extend(Text(f"  {row.subject.label}: {row.error}") for row in unchecked)
+        parts.extend(Text(f"  {row.candidate.label}: {row.error}") for row in unchecked)
     for note in advice.notes:
         parts.append(Text(f"note: {note}"))
     parts.append(Text("Recommendation:", style="bold"))
@@ -547,5 +549,5 @@ def _advice_table(advice: Advice) -> Table:
                 )
             )
             cells.append(text if worst is None else f"[{STYLE[worst]}]{escape(text)}[/]")
-        table.add_row(escape(row.subject.label), *cells, ", ".join(_marks(advice, row)))
+        table.add_row(escape(row.candidate.label), *cells, ", ".join(_marks(advice, row)))
     return table

@@ -43,7 +43,7 @@ from npudoctor.target.discovery import discover
 
 
 @dataclass(frozen=True)
-class Subject:
+class Candidate:
     """One release (or tree) to check: where its source is, or why it cannot be had."""
 
     label: str  # the version, or the path for a tree without one
@@ -55,7 +55,7 @@ class Subject:
 
 @dataclass(frozen=True)
 class Row:
-    subject: Subject
+    candidate: Candidate
     report: Report | None = None
     error: str | None = None  # why this release has no report (not fetched, not checkable)
     seconds: float = 0.0
@@ -123,9 +123,9 @@ class Advice:
             "notes": list(self.notes),
             "releases": [
                 {
-                    "release": row.subject.label,
-                    "version": row.subject.version,
-                    "installed": row.subject.installed,
+                    "release": row.candidate.label,
+                    "version": row.candidate.version,
+                    "installed": row.candidate.installed,
                     "error": row.error,
                     "seconds": round(row.seconds, 2),
                     "report": row.report.to_dict() if row.report is not None else None,
@@ -147,18 +147,18 @@ class AdviseRequest:
 
 
 def advise(request: AdviseRequest, on_row: Callable[[int, int, Row], None] | None = None) -> Advice:
-    """Check every subject of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
+    """Check every candidate of ``request`` and recommend; raises ``InputError``/``NoTargetError``."""
     request_gate(request.check)  # a word --fail-on does not know: exit 2 before any release is fetched
     cache = request.cache or releases.user_cache_dir()
-    subjects, notes = select_subjects(request, cache)
-    jobs = min(request.jobs or os.cpu_count() or 1, len(subjects))
-    work = [(subject, request.check, cache, request.wheel_dir) for subject in subjects]
+    candidates, notes = select_candidates(request, cache)
+    jobs = min(request.jobs or os.cpu_count() or 1, len(candidates))
+    work = [(candidate, request.check, cache, request.wheel_dir) for candidate in candidates]
     rows: list[Row] = []
 
     def finished(row: Row) -> None:
         rows.append(row)
         if on_row is not None:
-            on_row(len(rows), len(subjects), row)
+            on_row(len(rows), len(candidates), row)
 
     if jobs <= 1:
         for item in work:
@@ -253,30 +253,30 @@ def _stop(pool: ProcessPoolExecutor | ThreadPoolExecutor, stoppable: child_proce
             process.terminate()
 
 
-def _check(subject: Subject, check: CheckRequest, cache: Path, wheel_dir: Path | None) -> Row:
+def _check(candidate: Candidate, check: CheckRequest, cache: Path, wheel_dir: Path | None) -> Row:
     """One row: fetch the release if needed, then the report ``npudoctor check`` gives for it."""
     started = time.perf_counter()
-    if subject.error is not None:
-        return Row(subject, error=subject.error)
-    tree = subject.tree
-    if tree is None and not subject.installed:
+    if candidate.error is not None:
+        return Row(candidate, error=candidate.error)
+    tree = candidate.tree
+    if tree is None and not candidate.installed:
         try:
-            tree = releases.fetch(subject.version or subject.label, cache, wheel_dir)
+            tree = releases.fetch(candidate.version or candidate.label, cache, wheel_dir)
         except releases.FetchError as error:
-            return Row(subject, error=str(error), seconds=time.perf_counter() - started)
+            return Row(candidate, error=str(error), seconds=time.perf_counter() - started)
     try:
         report = run(dataclasses.replace(check, sglang_path=tree))
     except NoTargetError as error:
-        return Row(subject, error=str(error), seconds=time.perf_counter() - started)
-    return Row(subject, report, seconds=time.perf_counter() - started, tree=tree)
+        return Row(candidate, error=str(error), seconds=time.perf_counter() - started)
+    return Row(candidate, report, seconds=time.perf_counter() - started, tree=tree)
 
 
-def select_subjects(request: AdviseRequest, cache: Path) -> tuple[list[Subject], list[str]]:
+def select_candidates(request: AdviseRequest, cache: Path) -> tuple[list[Candidate], list[str]]:
     """The releases and trees to check, the baseline first; and notes on how they were chosen."""
-    subjects = [_path_subject(p) for p in request.sglang_paths]
+    candidates = [_path_candidate(p) for p in request.sglang_paths]
     notes: list[str] = []
-    if request.releases is None and request.wheel_dir is None and subjects:
-        return subjects, notes
+    if request.releases is None and request.wheel_dir is None and candidates:
+        return candidates, notes
     if request.wheel_dir is not None:
         if not request.wheel_dir.is_dir():
             raise InputError(f"--wheel-dir {request.wheel_dir}: no such directory")
@@ -293,9 +293,9 @@ def select_subjects(request: AdviseRequest, cache: Path) -> tuple[list[Subject],
     if request.releases is not None:
         wanted = _in_range(request.releases, available, request.wheel_dir is None)
     elif request.wheel_dir is not None:
-        wanted = [releases_subject(v) for v in available]  # every wheel there
+        wanted = [release_candidate(v) for v in available]  # every wheel there
     else:
-        installed = _installed_subject()
+        installed = _installed_candidate()
         if installed is None:
             raise NoTargetError(
                 "no sglang installed here to start from: give --releases A..B, --wheel-dir DIR or --sglang-path"
@@ -307,16 +307,16 @@ def select_subjects(request: AdviseRequest, cache: Path) -> tuple[list[Subject],
             )
         else:
             start = releases.version_key(installed.version)
-        wanted = [releases_subject(v) for v in available if start is None or releases.version_key(v) > start]
+        wanted = [release_candidate(v) for v in available if start is None or releases.version_key(v) > start]
         return [installed, *wanted], notes
-    return subjects + wanted, notes
+    return candidates + wanted, notes
 
 
-def releases_subject(version: str) -> Subject:
-    return Subject(label=version, version=version)
+def release_candidate(version: str) -> Candidate:
+    return Candidate(label=version, version=version)
 
 
-def _in_range(spec: str, available: list[str], from_index: bool) -> list[Subject]:
+def _in_range(spec: str, available: list[str], from_index: bool) -> list[Candidate]:
     """``A..B``, ``A..``, ``..B``, ``A,B,C`` or ``A``; a named release the index (or the wheel
     directory) does not have is still a row, saying so."""
     spec = spec.strip()
@@ -337,32 +337,32 @@ def _in_range(spec: str, available: list[str], from_index: bool) -> list[Subject
         ]
         if not chosen:
             raise InputError(f"--releases {spec!r}: no release {where} in that range")
-        return [releases_subject(v) for v in chosen]
+        return [release_candidate(v) for v in chosen]
     named = [v.strip() for v in spec.split(",") if v.strip()]
     if not named:
         raise InputError("--releases: give A..B, A.., A,B,C or A")
-    subjects = []
+    candidates = []
     for version in sorted(
         dict.fromkeys(named), key=lambda v: releases.version_key(v) if releases.is_final(v) else ()
     ):
         if not releases.is_final(version):
             raise InputError(f"--releases: {version!r} is not a release number (e.g. 0.5.12)")
         error = None if version in available else f"sglang {version} is not {where}"
-        subjects.append(Subject(label=version, version=version, error=error))
-    return subjects
+        candidates.append(Candidate(label=version, version=version, error=error))
+    return candidates
 
 
-def _path_subject(path: Path) -> Subject:
+def _path_candidate(path: Path) -> Candidate:
     target = discover(path)  # an InputError for a path that is not an sglang tree
-    return Subject(label=target.version or str(path), version=target.version, tree=target.root)
+    return Candidate(label=target.version or str(path), version=target.version, tree=target.root)
 
 
-def _installed_subject() -> Subject | None:
+def _installed_candidate() -> Candidate | None:
     try:
         target = discover(None)
     except NoTargetError:
         return None
-    return Subject(label=target.version or str(target.package_dir), version=target.version, installed=True)
+    return Candidate(label=target.version or str(target.package_dir), version=target.version, installed=True)
 
 
 def recommend(rows: list[Row]) -> Recommendation:
@@ -371,9 +371,9 @@ def recommend(rows: list[Row]) -> Recommendation:
         return Recommendation(None, (), (), None, ())
     baseline = rows[0]
     checked = [row for row in rows if row.report is not None]
-    earliest = next((r.subject.label for r in checked if not r.findings), None)
+    earliest = next((r.candidate.label for r in checked if not r.findings), None)
     return Recommendation(
-        baseline=baseline.subject.label,
+        baseline=baseline.candidate.label,
         baseline_findings=tuple(baseline.findings),
         cures=tuple(_cures(baseline)) if baseline.report is not None else (),
         earliest_clean=earliest,
@@ -388,8 +388,8 @@ def _upgrade_to(baseline: Row, checked: list[Row]) -> str | None:
     release the same way. None when the baseline is clean, or no later release is clean from there on."""
     if baseline.report is not None and not baseline.findings:
         return None
-    after = history.version_key(baseline.subject.version) if baseline.subject.version else ()
-    clean = {row.subject.version: not row.findings for row in checked if row.subject.version}
+    after = history.version_key(baseline.candidate.version) if baseline.candidate.version else ()
+    clean = {row.candidate.version: not row.findings for row in checked if row.candidate.version}
     return history.holds_from(clean, after)
 
 
@@ -401,7 +401,7 @@ def _regressions(checked: list[Row]) -> list[Regression]:
         before_ids = {r.id for r in earlier.report.results}
         for check_id in later.findings:
             if check_id not in before and check_id in before_ids:
-                found.append(Regression(check_id, later.subject.label, earlier.subject.label))
+                found.append(Regression(check_id, later.candidate.label, earlier.candidate.label))
     return found
 
 
