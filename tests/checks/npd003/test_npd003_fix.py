@@ -76,9 +76,11 @@ def deployment(
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def deployments(tmp_path_factory) -> dict[str, Path]:
-    """The deployments probed on each release, by short name."""
+    """The deployments probed on each release, by short name; once per worker (session scope): a
+    module fixture made again, after the worker ran another module in between, wrote them to
+    another directory, and ``fixprobe`` ran the release's probe again for the new paths."""
     directory = tmp_path_factory.mktemp("npd003-fix")
     eagle = {"speculative_algorithm": "EAGLE3"}
     uneven = {"SGLANG_PP_LAYER_PARTITION": "20,28"}
@@ -113,7 +115,7 @@ def deployments(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def probed(release, deployments):
     """``probed(version)`` -> {"plain"/"fixed": {name: result}, ...}, one interpreter per release."""
     cache: dict[str, dict] = {}
@@ -336,7 +338,7 @@ def test_the_mha_splitter_of_later_releases_is_what_the_fix_replaces(cli, releas
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def later_deployments(tmp_path_factory) -> dict[str, Path]:
     directory = tmp_path_factory.mktemp("npd003-later")
     return {
