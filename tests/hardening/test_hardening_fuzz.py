@@ -32,7 +32,7 @@ import yaml
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import npudoctor.service.runner
+import npudoctor.target.discovery
 from npudoctor.cli import main
 from npudoctor.formatters import NAMES as FORMAT_NAMES
 from npudoctor.formatters import named
@@ -57,7 +57,9 @@ def tree(release):
     path = release("0.5.12")
     shared = discover(path)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(npudoctor.service.runner, "discover", lambda sglang_path=None: shared)
+        patch.setattr(
+            npudoctor.target.discovery, "discover", lambda sglang_path=None: shared
+        )  # subject.resolve's
         yield path
 
 
