@@ -127,8 +127,12 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _Finder()
 
 
-def import_with_stand_ins(load: Callable[[], Any], needed_by: str) -> None:
-    """Run ``load`` (imports), standing in each missing third-party module or name it needs.
+def import_with_stand_ins(
+    load: Callable[[], Any], needed_by: str, absent: frozenset[str] = frozenset()
+) -> None:
+    """Run ``load`` (imports), standing in each missing third-party module or name it needs,
+    except the packages in ``absent`` (the dry run's CUDA-only packages: missing on an Ascend host
+    too, so their import must fail as it would there).
 
     Raises what ``load`` raises when it is not a missing module or name (or a missing part of
     sglang itself, which is never stood in). Either way ``sys.modules`` is left whole: what a failed
@@ -141,7 +145,7 @@ def import_with_stand_ins(load: Callable[[], Any], needed_by: str) -> None:
             load()
             return
         except ModuleNotFoundError as error:
-            if not _stand_in_module(error.name, needed_by):
+            if (error.name or "").split(".")[0] in absent or not _stand_in_module(error.name, needed_by):
                 raise
         except ImportError as error:
             if not _stand_in_name(error, needed_by):
