@@ -15,7 +15,9 @@ only scales them:
 * attention heads are kept, so each TP rank keeps its real head count, except where one layer's
   attention weights alone would exceed ``ATTENTION_BUDGET`` (MLA's ``q_b_proj`` at 128 heads is 38 M
   parameters): then heads are halved, keeping the query/KV ratio, down to ``MIN_HEADS`` (a TP size of
-  16 still divides them).
+  16 still divides them); and where the config class ignores ``head_dim`` and derives it from the
+  width (``_HEAD_DIM_FROM_HIDDEN``): there the width must stay heads x head size, so one KV head and its
+  query group are kept and the width is theirs.
 
 The layers: every distinct layer kind of the original and every pair of neighbouring kinds (sglang
 builds a layer from its own kind and the next one's: ``declare_ffn(sparse, next_layer_sparse)`` in
@@ -56,6 +58,9 @@ _DEFAULT_PERIODS = {
 }
 # sglang's Llama4Attention: ``use_rope = (layer_id + 1) % 4 != 0``, whatever the config says.
 _LLAMA4_NOPE_PERIOD = 4
+# Config classes that compute head_dim as hidden_size // num_attention_heads and ignore a head_dim key
+# (transformers 5's Qwen2_5_VLTextConfig, Qwen2VLTextConfig): their heads shrink, not their head size.
+_HEAD_DIM_FROM_HIDDEN = ("qwen2_5_vl", "qwen2vl", "qwen2_vl")
 _EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 _KEPT_KEYS = (
@@ -157,8 +162,14 @@ def describe(small: SmallModel) -> list[str]:
     main = len(small.layer_map) - sum(1 for label in small.layer_labels if label == "MTP")
     layers = ", ".join(map(str, small.layer_map))
     kinds = ", ".join(small.layer_labels)
-    lines = [f"num_hidden_layers {small.original_layers} -> {main} (layers {layers} of the original: {kinds})"]
-    lines += [f"{s.key} {_brief(s.original)} -> {_brief(s.small)}" for s in small.shrunk if not s.key.endswith("num_hidden_layers")]
+    lines = [
+        f"num_hidden_layers {small.original_layers} -> {main} (layers {layers} of the original: {kinds})"
+    ]
+    lines += [
+        f"{s.key} {_brief(s.original)} -> {_brief(s.small)}"
+        for s in small.shrunk
+        if not s.key.endswith("num_hidden_layers")
+    ]
     if small.kept:
         lines.append("kept: " + ", ".join(small.kept))
     return lines
@@ -217,12 +228,16 @@ def _pattern(text: dict, layers: int) -> _Pattern:
         if not isinstance(value, (list, str)) or not value:
             return None
         if len(value) > MAX_LAYER_LIST:
-            raise ValueError(f"{key} lists {len(value)} layers: more than the {MAX_LAYER_LIST} npudoctor reads")
+            raise ValueError(
+                f"{key} lists {len(value)} layers: more than the {MAX_LAYER_LIST} npudoctor reads"
+            )
         listed = max(listed, min(len(value), layers))
         return list(value)
 
     experts = next((text[k] for k in _EXPERT_COUNT_KEYS if text.get(k) is not None), None)
-    if experts and "first_k_dense_replace" in text:  # DeepseekV2DecoderLayer/Glm4MoeDecoderLayer._is_layer_sparse
+    if (
+        experts and "first_k_dense_replace" in text
+    ):  # DeepseekV2DecoderLayer/Glm4MoeDecoderLayer._is_layer_sparse
         offset = min(_non_negative_int(text["first_k_dense_replace"], "first_k_dense_replace"), layers)
         freq = period("moe_layer_freq") or 1
         features.append(("MoE", lambda i: "MoE" if i >= offset and i % freq == 0 else "dense"))
@@ -240,9 +255,13 @@ def _pattern(text: dict, layers: int) -> _Pattern:
     if blocks is not None:
         features.append(("layers_block_type", lambda i: blocks[i] if i < len(blocks) else ""))
     default = next((d for name, d in _DEFAULT_PERIODS.items() if name in model_type.lower()), (None, None))
-    interval = period("full_attention_interval", default[1] if default[0] == "full_attention_interval" else None)
+    interval = period(
+        "full_attention_interval", default[1] if default[0] == "full_attention_interval" else None
+    )
     if interval and blocks is None and types is None:
-        features.append(("attention", lambda i: "full attention" if (i + 1) % interval == 0 else "linear attention"))
+        features.append(
+            ("attention", lambda i: "full attention" if (i + 1) % interval == 0 else "linear attention")
+        )
     sliding = period("sliding_window_pattern", default[1] if default[0] == "sliding_window_pattern" else None)
     if sliding and types is None:
         features.append(("sliding", lambda i: "global" if (i + 1) % sliding == 0 else "sliding"))
@@ -342,7 +361,11 @@ def _shrink_widths(text: dict, prefix: str, shrunk: list[Shrunk]) -> None:
     heads = text.get("num_attention_heads")
     hidden = text.get("hidden_size")
     mla = "kv_lora_rank" in text
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and not mla and "head_dim" not in text:
+    attention_sized = isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and not mla
+    if attention_sized and _derives_head_dim(text):
+        _shrink_heads_with_width(text, hidden // heads, prefix, shrunk)
+        hidden = None  # the width follows the heads
+    elif attention_sized and "head_dim" not in text:
         text["head_dim"] = hidden // heads  # what sglang derives from the real width, written out
     if isinstance(hidden, int) and hidden > HIDDEN_SIZE:
         _set(text, "hidden_size", _multiple(HIDDEN_SIZE, unit), prefix, shrunk)
@@ -360,6 +383,27 @@ def _shrink_widths(text: dict, prefix: str, shrunk: list[Shrunk]) -> None:
     vocab = text.get("vocab_size")
     if isinstance(vocab, int) and vocab > VOCAB_SIZE:
         _set(text, "vocab_size", VOCAB_SIZE, prefix, shrunk)
+
+
+def _derives_head_dim(text: dict) -> bool:
+    """Whether the config class computes head_dim from hidden_size, whatever the config says."""
+    names = [str(text.get("model_type", "")), *map(str, text.get("architectures") or [])]
+    return any(kind in name.lower() for name in names for kind in _HEAD_DIM_FROM_HIDDEN)
+
+
+def _shrink_heads_with_width(text: dict, head_dim: int, prefix: str, shrunk: list[Shrunk]) -> None:
+    """Where the width sets the head size: one KV head with its query group, the width their size."""
+    heads, kv_heads = (
+        text["num_attention_heads"],
+        text.get("num_key_value_heads") or text["num_attention_heads"],
+    )
+    group = heads // kv_heads if kv_heads and heads % kv_heads == 0 else heads
+    if group < heads:
+        _set(text, "num_attention_heads", group, prefix, shrunk)
+        if "num_key_value_heads" in text:
+            _set(text, "num_key_value_heads", 1, prefix, shrunk)
+    if text["hidden_size"] != group * head_dim:
+        _set(text, "hidden_size", group * head_dim, prefix, shrunk)
 
 
 def _shrink_experts(text: dict, prefix: str, shrunk: list[Shrunk]) -> None:
@@ -433,10 +477,14 @@ def _shrink_tower(tower: dict, prefix: str, text_hidden: int | None, shrunk: lis
     """A vision or audio encoder: its depth to ``VISION_DEPTH`` (full-attention block indexes moved to
     the last small block, deepstack indexes kept in number), ``VISION_HEADS`` heads of the real head
     size, a small FFN, and its output width the small text model's."""
-    depth_key = next((k for k in ("depth", "num_hidden_layers", "encoder_layers", "num_layers") if k in tower), None)
+    depth_key = next(
+        (k for k in ("depth", "num_hidden_layers", "encoder_layers", "num_layers") if k in tower), None
+    )
     if depth_key is not None:
         depth = _positive_int(tower[depth_key], prefix + depth_key)
-        deepstack = [i for i in tower.get("deepstack_visual_indexes") or [] if isinstance(i, int) and i < depth]
+        deepstack = [
+            i for i in tower.get("deepstack_visual_indexes") or [] if isinstance(i, int) and i < depth
+        ]
         small_depth = min(depth, max(VISION_DEPTH, len(deepstack) + 1))
         if small_depth != depth:
             _set(tower, depth_key, small_depth, prefix, shrunk)
@@ -444,11 +492,21 @@ def _shrink_tower(tower: dict, prefix: str, text_hidden: int | None, shrunk: lis
         if isinstance(full, list) and full:
             in_range = [i for i in full if isinstance(i, int) and i < depth]
             windowed = len(in_range) < depth
-            new_full = [small_depth - 1] if in_range and windowed else list(range(small_depth)) if in_range else []
+            new_full = (
+                [small_depth - 1] if in_range and windowed else list(range(small_depth)) if in_range else []
+            )
             _set(tower, "fullatt_block_indexes", new_full, prefix, shrunk)
         if deepstack:
-            _set(tower, "deepstack_visual_indexes", list(range(small_depth - len(deepstack), small_depth)), prefix, shrunk)
-    heads_key = next((k for k in ("num_heads", "num_attention_heads", "encoder_attention_heads") if k in tower), None)
+            _set(
+                tower,
+                "deepstack_visual_indexes",
+                list(range(small_depth - len(deepstack), small_depth)),
+                prefix,
+                shrunk,
+            )
+    heads_key = next(
+        (k for k in ("num_heads", "num_attention_heads", "encoder_attention_heads") if k in tower), None
+    )
     width_key = next((k for k in ("hidden_size", "embed_dim", "d_model") if k in tower), None)
     if heads_key and width_key and isinstance(tower[heads_key], int) and tower[heads_key] > VISION_HEADS:
         head_size = tower[width_key] // tower[heads_key]
@@ -467,9 +525,9 @@ def _shrink_tower(tower: dict, prefix: str, text_hidden: int | None, shrunk: lis
 
 def _text_part(config: dict) -> tuple[dict, str]:
     """The part holding the decoder (``text_config`` of a multimodal wrapper) and its key prefix."""
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        if "num_hidden_layers" in config["text_config"]:
-            return config["text_config"], "text_config."
+    nested = config.get("text_config")
+    if "num_hidden_layers" not in config and isinstance(nested, dict) and "num_hidden_layers" in nested:
+        return nested, "text_config."
     if "num_hidden_layers" not in config:
         raise ValueError("the model config names no num_hidden_layers (nor does its text_config)")
     return config, ""
