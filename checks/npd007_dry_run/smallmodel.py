@@ -11,7 +11,7 @@ only scales them:
   quantization config, dtype, tied embeddings, sliding-window settings, ``max_position_embeddings``,
   ``num_experts_per_tok`` / ``n_group`` / ``topk_group``, the linear-attention head sizes;
 * shrunk: ``hidden_size``, the FFN widths, the vocabulary (special token ids past it are moved to its
-  top and recorded), the expert count, the vision/audio towers' depth and width, and the layer count;
+  top and recorded, with those the config class would fill in: ``_DEFAULT_TOKEN_IDS``), the expert count, the vision/audio towers' depth and width, and the layer count;
 * attention heads are kept, so each TP rank keeps its real head count, except where one layer's
   attention weights alone would exceed ``ATTENTION_BUDGET`` (MLA's ``q_b_proj`` at 128 heads is 38 M
   parameters): then heads are halved, keeping the query/KV ratio, down to ``MIN_HEADS`` (a TP size of
@@ -61,6 +61,22 @@ _LLAMA4_NOPE_PERIOD = 4
 # Config classes that compute head_dim as hidden_size // num_attention_heads and ignore a head_dim key
 # (transformers 5's Qwen2_5_VLTextConfig, Qwen2VLTextConfig): their heads shrink, not their head size.
 _HEAD_DIM_FROM_HIDDEN = ("qwen2_5_vl", "qwen2vl", "qwen2_vl")
+# Token ids a config class fills in when config.json leaves them out (transformers 5's defaults): written
+# out so they can move into the small vocabulary with the others.
+_QWEN_VL_TOKEN_IDS = {
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+}
+_DEFAULT_TOKEN_IDS = {
+    "qwen2_vl": {**_QWEN_VL_TOKEN_IDS, "bos_token_id": 151643, "eos_token_id": 151645},
+    "qwen2_5_vl": {**_QWEN_VL_TOKEN_IDS, "bos_token_id": 151643, "eos_token_id": 151645},
+    "qwen3_vl": _QWEN_VL_TOKEN_IDS,
+    "qwen3_vl_moe": _QWEN_VL_TOKEN_IDS,
+    "llama4": {"boi_token_index": 200080, "eoi_token_index": 200081, "image_token_index": 200092},
+    "gemma3": {"boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144},
+}
 _EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 _MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 _KEPT_KEYS = (
@@ -136,6 +152,8 @@ def small_model(config: dict) -> SmallModel:
     _apply_layer_plan(text, plan, prefix, shrunk)
     mtp_map, mtp_labels = _keep_one_mtp_layer(text, layers, prefix, shrunk)
     _shrink_widths(text, prefix, shrunk)
+    for key, value in _DEFAULT_TOKEN_IDS.get(str(small.get("model_type")), {}).items():
+        small.setdefault(key, value)
     _remap_token_ids([(small, ""), (text, prefix)] if text is not small else [(small, "")], shrunk)
     for tower in ("vision_config", "audio_config"):
         if isinstance(small.get(tower), dict):

@@ -49,7 +49,24 @@ def _sglang_reading(folder: str) -> dict:
     kinds = [
         _layer_kind_or_error(model.hf_config.architectures[0], text, i) for i in range(text.num_hidden_layers)
     ]
-    return {"config_class": type(hf_config).__name__, "model_config": facts, "layer_kinds": kinds}
+    return {
+        "config_class": type(hf_config).__name__,
+        "model_config": facts,
+        "layer_kinds": kinds,
+        "vocab_size": model.vocab_size,
+        "token_ids": _token_ids(model.hf_config) | _token_ids(text),
+    }
+
+
+def _token_ids(config) -> dict[str, list[int]]:
+    """Every token id the loaded config holds, its class's defaults included (the model embeds them)."""
+    found = {}
+    for name, value in vars(config).items():
+        if name.endswith(("_token_id", "_token_index", "_token_ids")):
+            ids = [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int)]
+            if ids:
+                found[name] = ids
+    return found
 
 
 def _layer_kind_or_error(architecture: str, text, layer: int) -> list:
