@@ -294,43 +294,53 @@ def _pattern(text: dict, layers: int) -> _Pattern:
 
 
 def _layer_plan(text: dict, layers: int) -> _LayerPlan:
-    """The fewest leading layers (the leading dense run cut by whole periods) that show every layer
-    kind and every pair of neighbouring kinds the original has; checked against the same features
-    read from the small config."""
+    """The fewest layers that show every layer kind and every pair of neighbouring kinds the original
+    has, in its order: the leading dense run cut by whole periods (each cut tried), then the layers
+    after it; checked against the same features read from the small config."""
     pattern = _pattern(text, layers)
-    # past max(offset, listed) the kinds repeat with the period: this window holds every kind and pair
-    window = min(layers, max(pattern.offset, pattern.listed) + pattern.period + 1)
-    original = [pattern.kind(i) for i in range(window)]
-    wanted = set(original) | set(zip(original, original[1:]))
-    cut = 0
-    if pattern.offset > 2:
-        cut = (pattern.offset - 2) // pattern.period * pattern.period
+    wanted = _kinds_and_pairs(pattern, layers)
+    offset, period = pattern.offset, pattern.period
+    plans = []
+    for small_offset in range(min(offset, period + 2), -1, -1):
+        if (offset - small_offset) % period or (small_offset == 0 < offset):
+            continue
+        cut = offset - small_offset
 
-    def source(j: int) -> int:  # the original layer small layer j stands for
-        if j < pattern.offset - cut - 1:
-            return j
-        return j + cut
+        def source(j: int, cut: int = cut, small_offset: int = small_offset) -> int:
+            return j if j < small_offset - 1 else j + cut  # the original layer small layer j stands for
 
-    for cut_tried in dict.fromkeys((cut, 0)):
-        cut = cut_tried
         kinds: list[tuple] = []
         seen: set = set()
-        for j in range(window - cut):
-            kinds.append(original[source(j)] if source(j) < window else pattern.kind(source(j)))
-            seen.add(kinds[-1])
-            if j:
-                seen.add((kinds[-2], kinds[-1]))
+        for j in range(min(layers - cut, pattern.listed + small_offset + 2 * period + 2)):
+            kinds.append(pattern.kind(source(j)))
+            seen.update([kinds[-1], *([(kinds[-2], kinds[-1])] if j else [])])
             if seen >= wanted:
                 plan = _LayerPlan(
                     layers=j + 1,
-                    offset=pattern.offset - cut,
+                    offset=small_offset,
                     layer_map=tuple(source(k) for k in range(j + 1)),
                     labels=tuple(pattern.label(source(k)) for k in range(j + 1)),
                 )
                 if _plan_holds(text, plan, kinds):
-                    return plan
+                    plans.append(plan)
                 break
-    raise ValueError("npudoctor cannot write this layer pattern with fewer layers")  # pragma: no cover
+    if not plans:  # pragma: no cover - the uncut plan always holds: it is the original's own prefix
+        raise ValueError("npudoctor cannot write this layer pattern with fewer layers")
+    return min(plans, key=lambda plan: plan.layers)  # the first of the fewest: the longest dense run kept
+
+
+def _kinds_and_pairs(pattern: _Pattern, layers: int) -> set:
+    """Every layer kind of the original and every pair of neighbours, read where they can differ: the
+    listed layers and a period past them, and a period either side of the end of the dense run (the
+    kinds repeat with the period everywhere else). Bounded by the lists and the period, not the layer
+    count."""
+    found: set = set()
+    spans = [(0, pattern.listed + pattern.period + 1)]
+    spans.append((pattern.offset - pattern.period - 1, pattern.offset + pattern.period + 1))
+    for start, stop in spans:
+        kinds = [pattern.kind(i) for i in range(max(0, start), min(layers, stop))]
+        found.update(kinds, zip(kinds, kinds[1:]))
+    return found
 
 
 def _plan_holds(text: dict, plan: _LayerPlan, kinds: list[tuple]) -> bool:

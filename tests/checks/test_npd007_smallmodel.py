@@ -159,6 +159,18 @@ def test_a_million_layers_cost_what_a_few_do():
     assert results[0] == results[1] == (4, (0, 2, 3, 4))
 
 
+def test_a_dense_run_of_a_billion_layers_is_cut_without_reading_it():
+    config = {**load(REPO / "examples/models/deepseek-v3/config.json"), "num_hidden_layers": 10**9}
+    config["first_k_dense_replace"] = 10**9 - 2
+    tracemalloc.start()
+    small = small_model(config)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000, peak
+    assert small.layer_labels == ("dense", "dense", "MoE", "MoE", "MTP")
+    assert small.layer_map == (0, 10**9 - 3, 10**9 - 2, 10**9 - 1, 10**9)
+
+
 @pytest.mark.parametrize(
     "config, message",
     [
