@@ -77,6 +77,13 @@ def judged_variants() -> list[tuple[str, dict]]:
         ("glm45air", data, {"first_k_dense_replace": 3}),
         ("qwen3-next-80b-a3b", models, {"full_attention_interval": 3, "num_hidden_layers": 47}),
     ]
+    fp8 = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
+    patterns.append(("deepseek-v3", models, {"quantization_config": fp8}))  # as DeepSeek-V3's own checkpoint
     llama4 = load(models / "llama-4-scout-17b-16e" / "config.json")
     llama4["text_config"] = {**llama4["text_config"], "interleave_moe_layer_step": 2}
     variants.append(("llama-4-scout-17b-16e+interleave_moe_layer_step 2", llama4))
@@ -187,6 +194,49 @@ def test_what_cannot_be_shrunk_is_refused(config, message):
         small_model(config)
 
 
+def test_widths_stay_multiples_of_the_quantization_block():
+    config = load(REPO / "examples/models/deepseek-v3/config.json")
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    small = small_model(config).config
+    assert small["quantization_config"] == config["quantization_config"]
+    for key in ("hidden_size", "intermediate_size", "moe_intermediate_size"):
+        assert small[key] % 128 == 0 and small[key] < config[key], key
+
+
+def test_vision_towers_keep_their_block_kinds():
+    """Qwen2.5-VL's windowed and full-attention blocks, Qwen3-VL's deepstack taps: still valid indexes,
+    both block kinds still there, as many deepstack taps."""
+    text = load(REPO / "examples/models/qwen3-30b-a3b/config.json")
+    windowed = {
+        "depth": 32,
+        "hidden_size": 1280,
+        "num_heads": 16,
+        "intermediate_size": 3420,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "out_hidden_size": 3584,
+    }
+    deepstack = {
+        "depth": 27,
+        "hidden_size": 1152,
+        "num_heads": 16,
+        "intermediate_size": 4304,
+        "deepstack_visual_indexes": [8, 16, 24],
+        "out_hidden_size": 2048,
+    }
+    for vision in (windowed, deepstack):
+        small = small_model({**text, "vision_config": vision}).config
+        tower = small["vision_config"]
+        assert tower["depth"] < vision["depth"]
+        assert tower["hidden_size"] // tower["num_heads"] == vision["hidden_size"] // vision["num_heads"]
+        assert tower["out_hidden_size"] == small["hidden_size"]
+        if "fullatt_block_indexes" in vision:
+            full = tower["fullatt_block_indexes"]
+            assert full and all(0 <= i < tower["depth"] for i in full) and len(full) < tower["depth"]
+        if "deepstack_visual_indexes" in vision:
+            taps = tower["deepstack_visual_indexes"]
+            assert len(taps) == 3 and all(0 <= i < tower["depth"] for i in taps)
+
+
 def test_per_layer_lists_follow_the_layers_kept():
     """A list indexed by layer is rewritten for the small layers: a dense layer deep in the stack stays."""
     config = {
@@ -266,6 +316,7 @@ def test_sglang_sees_the_same_attention_and_layer_kinds(judged, name):
         "kv_lora_rank",
         "qk_rope_head_dim",
         "dsa",
+        "quantization",
     ):
         assert small["model_config"].get(key) == original["model_config"].get(key), key
     assert set(map(tuple, small["layer_kinds"])) == set(map(tuple, original["layer_kinds"]))

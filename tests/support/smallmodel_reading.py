@@ -41,6 +41,7 @@ def _sglang_reading(folder: str) -> dict:
         "architectures": list(model.hf_config.architectures or []),
         "is_multimodal": bool(model.is_multimodal),
         "dsa": bool(is_deepseek_dsa(text)),
+        "quantization": model.quantization,
         **{
             k: getattr(text, k, None)
             for k in ("index_head_dim", "index_n_heads", "index_topk", "kv_lora_rank", "qk_rope_head_dim")
