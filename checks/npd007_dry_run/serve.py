@@ -16,7 +16,7 @@ answer (``SimulationGap``) or a module this host lacks (``StoodInError``) ends i
 cannot tell, never a verdict on sglang. The scheduler's own crash handler (which signals the
 parent process) is never reached: exceptions are taken before it.
 
-Run as ``python -I interpreters.py checks.npd007_dry_run.serve <paths> <scratch>``; the request is
+Run as ``python -I interpreters.py npudoctor.checks.npd007_dry_run.serve <paths> <scratch>``; the request is
 pickled on stdin, the ``DryRunOutcome`` pickled on stdout.
 """
 
@@ -425,9 +425,7 @@ def _ended(
             f"the run did not finish within {MAX_BATCHES} batches / {MAX_SECONDS:.0f} s "
             f"(at {step}): a hang or a request never scheduled"
         )
-    elif isinstance(error, ascendsim.SimulationGap):
-        outcome.gap, outcome.gap_step = str(error), step
-    elif isinstance(error, standins.StoodInError):
+    elif isinstance(error, (ascendsim.SimulationGap, standins.StoodInError)):
         outcome.gap, outcome.gap_step = str(error), step
     else:
         outcome.failed_step = step
@@ -437,7 +435,9 @@ def _ended(
     return outcome
 
 
-def _steps(outcome: DryRunOutcome, watch: _Watch | None, requests: _Requests | None, ended: str | None) -> None:
+def _steps(
+    outcome: DryRunOutcome, watch: _Watch | None, requests: _Requests | None, ended: str | None
+) -> None:
     """Every step, ran or not, and why not."""
     batches = watch.batches if watch is not None else {}
     for name in STEPS:
@@ -482,7 +482,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from checks.npd007_dry_run.serve import main as serve_main
+    from npudoctor.checks.npd007_dry_run.serve import main as serve_main
     from npudoctor.live.child_process import exit_now
 
     exit_now(serve_main())

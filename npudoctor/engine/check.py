@@ -77,6 +77,14 @@ class Check:
     # whether a release fixes it (npudoctor.target.history): a defect of sglang, not of the deployment's input
     upstream_history: ClassVar[bool] = True
     runtime_fix: ClassVar[bool] = True  # whether `npudoctor fix` has a fix of the same id to point at
+    # run only when selected by id, prefix or ALL, although its kind is selected by default (the dry
+    # run: it costs an import of sglang and a start-up per role)
+    opt_in: ClassVar[bool] = False
+
+    @property
+    def default_selected(self) -> bool:
+        """Run when no ``--select`` is given: its kind's default, unless the check is opt-in."""
+        return self.kind.default_selected and not self.opt_in
 
     def static(self, target: Target, facts: Facts) -> Probe:
         """Read the target's source (never import it) and test the property."""

@@ -66,6 +66,13 @@ def all_checks() -> list[Check]:
     return checks + list(all_records())
 
 
+def _default_selected(item: object) -> bool:
+    """A check's own default (``Check.default_selected``: an opt-in check is not); a fix takes its
+    check's kind's."""
+    own = getattr(item, "default_selected", None)
+    return own if isinstance(own, bool) else CheckKind.of(item.id).default_selected  # type: ignore[attr-defined]
+
+
 def select(items: list[T], ids: list[str], noun: str, option: str = "--select") -> list[T]:
     """``items`` (checks, or fixes: a fix has the id and so the kind of the check it cures) whose id
     is in ``ids``, in the order given; when empty, those of a kind selected by default
@@ -74,7 +81,7 @@ def select(items: list[T], ids: list[str], noun: str, option: str = "--select") 
     ``NPC``, selects the kind; ``NPC01``: NPC010..NPC019), and ``ALL`` selects everything. A value
     that is neither an id nor a prefix of one is an input error."""
     if not ids:
-        return [item for item in items if CheckKind.of(item.id).default_selected]  # type: ignore[attr-defined]
+        return [item for item in items if _default_selected(item)]
     known = {item.id: item for item in items}  # type: ignore[attr-defined]
     wanted = [part.strip().upper() for value in ids for part in value.split(",") if part.strip()]
     chosen: list[str] = []

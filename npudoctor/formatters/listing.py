@@ -81,6 +81,8 @@ def explain_markdown(item, full: bool = False, facts=None) -> str:
             lines += [f"### {heading}", "", _markdown(text), ""]
     if not item.kind.default_selected:
         lines += [f"Not in the default selection: runs with `--select {item.kind.prefix}` (or `ALL`).", ""]
+    elif not getattr(item, "default_selected", True):
+        lines += [f"Opt-in: not in the default selection; runs with `--select {item.id}` (or `ALL`).", ""]
     try:
         fix = fix_by_id(item.id)
     except KeyError:  # a check without a runtime fix (NPD000)

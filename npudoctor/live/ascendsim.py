@@ -267,10 +267,11 @@ def _attribute(name: str) -> Any:
         kernel.name = name
         return kernel
     known = KNOWN.get(name)
-    if known is None:
-        known = _kernel_references().get(name)
     if known is not None:
-        return _counted(name, known) if callable(known) else known
+        return known  # configuration and decorators: not an op, not counted
+    known = _kernel_references().get(name)
+    if known is not None:
+        return _counted(name, known)
     last = name.rsplit(".", 1)[-1]
     if last[:1].isupper():
         return _StubMeta(last, (_StubClass,), {"__module__": name.rsplit(".", 1)[0]})
@@ -460,7 +461,9 @@ def install() -> list[str]:
         sys.modules[name].__version__ = ASCEND_PACKAGES[name]
         info = metadata / f"{name}-{ASCEND_PACKAGES[name]}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ASCEND_PACKAGES[name]}\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {ASCEND_PACKAGES[name]}\n"
+        )
     # torchvision, where the host has none: transformers' image processors ask for it at import
     # (sglang's config modules import them); the mock of the probes' simulation, as there
     if _missing("torchvision"):

@@ -48,13 +48,16 @@ def live_checks(checks: list[Check], facts: Facts, depth: str) -> list[Check]:
     ``checks`` has one, every registered check's in the deployment's scope, not only the selected
     ones'. One live run of a deployment then answers every command that asks about it (``check``,
     ``fix --select NPD001`` as ``check`` hints it, ``fix --status``, ``run``) from one cache entry,
-    with the verdicts ``check`` gives; a probe costs well under a second beside the import of sglang."""
+    with the verdicts ``check`` gives; a probe costs well under a second beside the import of sglang.
+    An opt-in check (the dry run, seconds per role) joins only when selected."""
     if depth == "static":
         return []
     selected = [c for c in checks if c.has_live and c.out_of_scope(facts) is None]
     if not selected:
         return []
-    registered = [c for c in all_checks() if c.has_live and c.out_of_scope(facts) is None]
+    registered = [
+        c for c in all_checks() if c.has_live and c.default_selected and c.out_of_scope(facts) is None
+    ]
     return list({c.id: c for c in registered + selected}.values())
 
 
