@@ -144,10 +144,18 @@ def test_a_kind_prefix_selects_the_kind(kind):
     assert all(CheckKind.of(c.id) is kind for c in checks if c.kind is kind)
 
 
-def test_the_default_selection_is_the_default_kinds():
+def test_the_default_selection_is_the_default_kinds_without_the_opt_in_checks():
     checks = all_checks()
-    assert select(checks, [], "check") == [c for c in checks if c.kind.default_selected]
+    opt_in = [c.id for c in checks if getattr(c, "opt_in", False)]
+    assert opt_in == ["NPD007"]  # the dry run: a start-up of sglang per role
+    assert select(checks, [], "check") == [
+        c for c in checks if c.kind.default_selected and c.id not in opt_in
+    ]
     assert [k for k in CheckKind if not k.default_selected] == [CheckKind.PROPERTY]
+    # selected by its id, by its kind's prefix and by ALL
+    assert [c.id for c in select(checks, ["NPD007"], "check")] == ["NPD007"]
+    assert "NPD007" in [c.id for c in select(checks, ["NPD"], "check")]
+    assert "NPD007" in [c.id for c in select(checks, ["ALL"], "check")]
 
 
 def test_a_result_id_names_its_kind_and_an_id_of_no_kind_is_refused():

@@ -1,0 +1,97 @@
+"""NPD007, the dry run, on real releases: sglang's own scheduler started on a simulated Ascend.
+
+Each test runs ``npudoctor check --select NPD007 --depth live`` on a real release tree (one fresh
+interpreter per role imports sglang and starts its scheduler: ~15 s) and reads the JSON report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from npudoctor.checks.npd007_dry_run.live import judged
+from npudoctor.checks.npd007_dry_run.outcome import PREFILL, START_UP, DryRunOutcome, Step
+from npudoctor.checks.npd007_dry_run.serve import server_args_for
+from npudoctor.live.locations import Raised
+from npudoctor.results import Location
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "dryrun"
+TINY_LLAMA = DATA / "models" / "tiny-llama"
+
+
+def dry_run(cli, tree: Path, *deployment: str) -> dict:
+    code, out, err = cli(
+        "check",
+        "--select",
+        "NPD007",
+        "--depth",
+        "live",
+        "--sglang-path",
+        tree,
+        "--format",
+        "json",
+        *deployment,
+    )
+    assert code in (0, 1), err
+    (result,) = [r for r in json.loads(out)["results"] if r["id"] == "NPD007"]
+    return result
+
+
+def steps_run(result: dict) -> list[str]:
+    line = next(a for a in result["assumptions"] if ": steps run: " in a)
+    return line.split(": steps run: ", 1)[1].split(", ")
+
+
+def test_a_dense_model_starts_and_serves_its_first_prefills_on_0_5_23(cli, release):
+    """The real 0.5.23 scheduler starts (distributed groups, dummy weights, pools, the ascend
+    attention backend, the radix cache) and serves a prefill of two sequences on the simulated NPU.
+    Where the run stops before the last step it says which op it lacks: a warn, never a fail."""
+    result = dry_run(cli, release("0.5.23"), "--model-path", TINY_LLAMA)
+    assert {START_UP, PREFILL, "prefill of several sequences"} <= set(steps_run(result))
+    assert result["status"] in ("pass", "warn"), result["summary"]
+    if result["status"] == "warn":
+        assert "no CPU reference for" in result["summary"]
+
+
+def test_without_a_model_the_dry_run_says_what_it_needs(cli, release):
+    result = dry_run(cli, release("0.5.23"), "--", "python", "-m", "sglang.launch_server", "--tp", "2")
+    assert result["status"] == "skip"
+    assert "no model given" in result["summary"]
+
+
+def test_features_one_simulated_device_cannot_serve_are_named_not_dropped_silently():
+    accepted = {"tp_size", "pp_size", "disaggregation_mode", "chunked_prefill_size", "model_path", "device"}
+    given, adjusted, not_simulated = server_args_for(
+        {"tp_size": 16, "pp_size": 1, "disaggregation_mode": "prefill", "chunked_prefill_size": 8192},
+        accepted,
+        "/scratch/model",
+    )
+    assert given["tp_size"] == 1 and given["disaggregation_mode"] == "null"
+    assert any("tensor parallelism" in n and "tp_size=16" in n for n in not_simulated)
+    assert any("PD transfer" in n for n in not_simulated)
+    assert not any("pipeline" in n for n in not_simulated)  # pp 1 is what the run does
+    assert any(a.startswith("chunked_prefill_size 8192 -> ") for a in adjusted)
+
+
+def _outcome(failure: Raised | None = None, gap: str | None = None) -> DryRunOutcome:
+    return DryRunOutcome(
+        role="decode",
+        steps=[Step(START_UP, True), Step(PREFILL, failure is None and gap is None)],
+        failed_step=PREFILL if failure else None,
+        failure=failure,
+        gap=gap,
+        gap_step=PREFILL if gap else None,
+    )
+
+
+def test_only_an_exception_in_sglang_code_fails_the_gate():
+    where = Location("sglang/srt/managers/schedule_batch.py", 2875, "prepare_for_extend")
+    in_sglang = Raised(
+        "AttributeError", "'Req' object has no attribute 'fill_id'", where, (where,), False, True
+    )
+    in_simulation = Raised("TypeError", "bad operand", where, (where,), False, False)
+    failed = judged([_outcome(in_sglang)], [])
+    assert failed.status.value == "fail"
+    assert failed.evidence[0].location == where and "prefill" in failed.evidence[0].observed
+    assert judged([_outcome(in_simulation)], []).status.value == "warn"
+    gap = judged([_outcome(gap="no CPU reference for torch_npu.npu_rms_norm")], [])
+    assert gap.status.value == "warn" and "npu_rms_norm" in gap.summary
