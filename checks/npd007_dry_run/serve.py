@@ -54,7 +54,7 @@ SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 # Bounds of the run: the KV pool's tokens, the chunk a long prompt is cut in, the batches it may
 # take, and its wall time (a hang is reported as one, not waited for).
 KV_TOKENS = 8192
-CHUNK_TOKENS = 256
+CHUNK_TOKENS = 1024
 MAX_BATCHES = 200
 MAX_SECONDS = 300.0
 
@@ -95,7 +95,6 @@ _NOT_SIMULATED = {
     "ep_size": (1, "expert parallelism: ran every expert on one rank"),
     "attn_cp_size": (1, "attention context parallelism"),
     "nnodes": (1, "multi-node"),
-    "disaggregation_mode": ("null", "PD transfer (prefill send / decode receive): served as a plain server"),
     "speculative_algorithm": (None, "speculative decoding (draft and verify)"),
     "enable_hierarchical_cache": (False, "HiCache write-back and load"),
     "enable_lora": (False, "LoRA adapters"),
@@ -122,6 +121,13 @@ def server_args_for(
     if not given.get("disable_cuda_graph"):
         not_simulated.append(
             "NPU graph capture and replay: decode ran eagerly (the simulated NPU has no graphs)"
+        )
+    pd = given.get("disaggregation_mode") in ("prefill", "decode")
+    if pd:
+        backend = given.get("disaggregation_transfer_backend") or "mooncake"
+        not_simulated.append(
+            f"the KV transfer engine ({backend}): the role builds its tables as for {backend}; sglang's "
+            "own fake transfer classes register them and move no KV (as its PD warm-up requests)"
         )
     forced: dict[str, Any] = {
         "model_path": model_path,
@@ -154,8 +160,18 @@ def server_args_for(
 class _Requests:
     """The requests of a dry run and what came back for them."""
 
-    def __init__(self, vocab: int, page: int, chunk: int, request_class: type, sampling: Any):
+    def __init__(
+        self,
+        vocab: int,
+        page: int,
+        chunk: int,
+        request_class: type,
+        sampling: Any,
+        bootstrap_host: str | None,
+    ):
         self.request_class = request_class
+        self.bootstrap_host = bootstrap_host  # PD: sglang's fake peer (FAKE_BOOTSTRAP_HOST)
+        self.rooms = 0
         self.sampling = sampling
         self.vocab = vocab
         rng = random.Random(0)
@@ -165,12 +181,14 @@ class _Requests:
             return [rng.randrange(3, top) for _ in range(n)]
 
         self.shared = tokens(2 * page + 11)  # two whole pages and more: a prefix the cache keeps
-        self.first = {
-            "long": (self.shared, 4),
-            "short": (tokens(max(page // 2, 8) + 3), 3),
-            "chunked": (tokens(chunk + page + 5), 2),
-        }
-        self.prefix_hit = (self.shared[: 2 * page] + tokens(9), 2)
+        # sent phase by phase, each once the one before finished: two prompts of different lengths
+        # prefilled together (within one chunk), a prompt longer than the chunk, then a prompt that
+        # shares the first one's two pages
+        self.phases: list[dict[str, tuple[list[int], int]]] = [
+            {"long": (self.shared, 4), "short": (tokens(max(page // 2, 8) + 3), 3)},
+            {"chunked": (tokens(chunk + page + 5), 2)},
+            {"prefix": (self.shared[: 2 * page] + tokens(9), 2)},
+        ]
         self.finished: dict[str, Any] = {}
         self.cached_tokens: dict[str, int] = {}
         self.sent: list[str] = []
@@ -198,6 +216,9 @@ class _Requests:
             "token_ids_logprob": None,
             "stream": False,
         }
+        if self.bootstrap_host is not None:
+            self.rooms += 1
+            values.update(bootstrap_host=self.bootstrap_host, bootstrap_port=None, bootstrap_room=self.rooms)
         return self.request_class(**{k: v for k, v in values.items() if k in parameters})
 
     def serve(self, zmq: Any, scheduler_input: str, detokenizer: str) -> None:
@@ -207,15 +228,12 @@ class _Requests:
             results.bind(detokenizer)
             requests = context.socket(zmq.PUSH)
             requests.bind(scheduler_input)
-            for rid, (ids, new_tokens) in self.first.items():
-                requests.send_pyobj(self.request(rid, ids, new_tokens))
-                self.sent.append(rid)
-            while len(self.finished) < len(self.first) + 1:
-                self._read(results.recv_pyobj())
-                if "long" in self.finished and "prefix" not in self.sent:
-                    ids, new_tokens = self.prefix_hit
-                    requests.send_pyobj(self.request("prefix", ids, new_tokens))
-                    self.sent.append("prefix")
+            for phase in self.phases:
+                for rid, (ids, new_tokens) in phase.items():
+                    requests.send_pyobj(self.request(rid, ids, new_tokens))
+                    self.sent.append(rid)
+                while not all(rid in self.finished for rid in phase):
+                    self._read(results.recv_pyobj())
         except BaseException as error:  # the run reports it: a thread's exception is otherwise lost
             self.failure = error
 
@@ -230,7 +248,7 @@ class _Requests:
 
     @property
     def done(self) -> bool:
-        return len(self.finished) == len(self.first) + 1
+        return all(rid in self.finished for phase in self.phases for rid in phase)
 
 
 # ----- the run -------------------------------------------------------------------------------------
@@ -239,16 +257,24 @@ class _Watch:
 
     def __init__(self) -> None:
         self.current = START_UP
-        self.batches: dict[str, int] = {}
+        self.batches: dict[str, int] = {}  # step -> batches of it that ran to their end
+        self.running: list[str] = []  # the steps of the batch running now
         self.count = 0
         self.deadline = time.monotonic() + MAX_SECONDS
 
     def saw(self, step: str) -> None:
-        self.batches[step] = self.batches.get(step, 0) + 1
+        self.running.append(step)
+
+    def batch_done(self) -> None:
+        for step in self.running:
+            self.batches[step] = self.batches.get(step, 0) + 1
+        self.running = []
 
     def classify(self, scheduler: Any, batch: Any) -> None:
         self.count += 1
+        self.running = []
         mode = batch.forward_mode
+        del scheduler  # what a batch holds is enough
         if mode.is_decode():
             self.current = DECODE
             self.saw(DECODE)
@@ -258,15 +284,14 @@ class _Watch:
             return
         self.current = PREFILL
         self.saw(PREFILL)
-        reqs = list(batch.reqs)
-        if len(reqs) > 1:
+        rids = [r.rid for r in batch.reqs]
+        if len(rids) > 1:
+            self.current = BATCHED_PREFILL
             self.saw(BATCHED_PREFILL)
-        if getattr(scheduler, "chunked_req", None) is not None or any(
-            len(getattr(r, "fill_ids", ())) < len(r.origin_input_ids) for r in reqs
-        ):
+        if "chunked" in rids:  # the prompt longer than the chunk: chunked if it takes several batches
             self.current = CHUNKED_PREFILL
             self.saw(CHUNKED_PREFILL)
-        if any(r.rid == "prefix" and len(getattr(r, "prefix_indices", ())) > 0 for r in reqs):
+        if "prefix" in rids:  # a hit if the output says its prompt tokens came from the cache
             self.current = PREFIX_HIT
             self.saw(PREFIX_HIT)
 
@@ -338,12 +363,17 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
         return _ended(outcome, START_UP, error, started)
     page = int(getattr(server_args, "page_size", None) or 1)
     chunk = int(getattr(server_args, "chunked_prefill_size", None) or CHUNK_TOKENS)
+    bootstrap_host = None
+    if getattr(server_args, "disaggregation_mode", "null") in ("prefill", "decode"):
+        bootstrap_host = importlib.import_module("sglang.srt.disaggregation.utils").FAKE_BOOTSTRAP_HOST
+        _fake_transfer()
     requests = _Requests(
         int(request["model_config"].get("vocab_size") or 512),
         page,
         chunk,
         io_struct.TokenizedGenerateReqInput,
         sampling_module.SamplingParams,
+        bootstrap_host,
     )
     _instrument(scheduler_class, watch, requests)
     writer = _InitWriter(watch)
@@ -380,6 +410,26 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
     return outcome
 
 
+def _fake_transfer() -> None:
+    """The KV transfer engine has no peer here: every backend's manager, sender, receiver and
+    bootstrap server are sglang's own fake ones (``disaggregation/fake``), what its PD warm-up
+    requests use. The tables the role builds for them (``_init_kv_manager``: the pools' buffer
+    tables) are the backend's; only the engine that would register and move them is replaced.
+    ``get_kv_class`` is rebound where sglang's modules imported it by name."""
+    utils = importlib.import_module("sglang.srt.disaggregation.utils")
+    original = utils.get_kv_class
+    fake = utils.TransferBackend.FAKE
+
+    def get_kv_class(transfer_backend: Any, class_type: Any) -> Any:
+        if class_type.name in ("KVARGS",):
+            return original(transfer_backend, class_type)
+        return original(fake, class_type)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "get_kv_class", None) is original:
+            module.get_kv_class = get_kv_class
+
+
 def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> None:
     """Watch the scheduler's batches and end its loop once every request finished."""
     scheduler_class.__init__ = _guarded(scheduler_class.__init__)
@@ -398,7 +448,9 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
 
     def run_one_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         watch.classify(self, batch)
-        return run_batch(self, batch, *args, **kwargs)
+        result = run_batch(self, batch, *args, **kwargs)
+        watch.batch_done()
+        return result
 
     scheduler_class.get_next_batch_to_run = get_next_batch_to_run
     scheduler_class.run_batch = run_one_batch
@@ -427,6 +479,9 @@ def _ended(
         )
     elif isinstance(error, (ascendsim.SimulationGap, standins.StoodInError)):
         outcome.gap, outcome.gap_step = str(error), step
+    elif _missing_here(error, ascendsim.CUDA_ONLY_PACKAGES):
+        outcome.gap = f"sglang imported {error.name!r}, which this host lacks (an Ascend host has it)"
+        outcome.gap_step = step
     else:
         outcome.failed_step = step
         outcome.failure = Raised.of(error)
@@ -446,18 +501,20 @@ def _steps(
             detail = "the scheduler started" if ran else "ended by the exception"
         else:
             count = batches.get(name, 0)
-            ran = count > 0 and ended != name
-            if count:
-                detail = f"{count} batch{'es' if count != 1 else ''}"
-                if ended == name:
-                    detail += ", ended by the exception"
-            elif ended is not None:
-                detail = f"not reached: the run ended at {ended}"
-            else:
-                detail = "no batch of this kind was scheduled"
-        if name == PREFIX_HIT and requests is not None:
-            hit = requests.cached_tokens.get("prefix", 0)
-            detail += f"; {hit} prompt tokens served from the cache"
+            ran = count > 0
+            detail = f"{count} batch{'es' if count != 1 else ''}" if count else ""
+            if name == CHUNKED_PREFILL and ran and count < 2:
+                ran, detail = False, f"the long prompt took {count} batch: it was not chunked"
+            if name == PREFIX_HIT and ran and requests is not None:
+                hit = requests.cached_tokens.get("prefix", 0)
+                ran = hit > 0
+                detail += f"; {hit} prompt tokens served from the cache"
+            if ended == name:
+                detail = (detail + "; " if detail else "") + "a batch of it raised"
+            elif not count:
+                detail = (
+                    f"not reached: the run ended at {ended}" if ended is not None else "no batch of this kind"
+                )
         outcome.steps.append(Step(name, ran, detail))
 
 

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from npudoctor.live import standins
+
 # The simulated device's memory: sglang sizes its KV pool from it, so it bounds the dry run's memory.
 DEVICE_MEMORY = 8 << 30
 DEVICE_NAME = "Ascend910B3"
@@ -129,17 +131,6 @@ class _StubClass(metaclass=_StubMeta):
         return value
 
 
-def _importing() -> bool:
-    """A module's own code is running (an import sglang makes while it serves): calls there build
-    constants and decorators (``tl.constexpr(32)``), they do not run an op."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") != "__main__":
-            return True
-        frame = frame.f_back
-    return False
-
-
 class Unmodelled:
     """An attribute of a simulated package with no reference: a namespace while sglang imports
     (decorators, constants, base classes), a ``SimulationGap`` once it runs and calls it."""
@@ -157,7 +148,7 @@ class Unmodelled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and isinstance(args[0], (types.FunctionType, type)) and not kwargs:
             return args[0]  # a decorator, applied as a module is imported
-        if not RECORD.running or _importing():
+        if not RECORD.running or standins.module_code_running():
             return Unmodelled(f"{self._name}()")
         raise RECORD.gap(self._name)
 
@@ -221,7 +212,7 @@ class TritonKernel:
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
-            reference = _triton_references().get(self.name)
+            reference = _triton_reference(self.name)
             if reference is None:
                 raise RECORD.gap(f"Triton kernel {self.name}")
             RECORD.called(f"triton:{self.name}")
@@ -239,6 +230,22 @@ def _jit(function: Any = None, **options: Any) -> Any:
     if function is None or not callable(function):
         return lambda fn: fn if isinstance(fn, TritonKernel) else TritonKernel(fn)
     return function if isinstance(function, TritonKernel) else TritonKernel(function)
+
+
+def _triton_reference(name: str) -> Callable[..., Any] | None:
+    """The reference of the kernel ``name`` (module and function); one of sglang's own kernels is
+    found under the name it has in any release (kernels move between modules: 0.5.13's
+    ``srt/mem_cache/triton_ops/common.py`` is 0.5.23's ``kernels/ops/memory/common.py``)."""
+    references = _triton_references()
+    if name in references or not name.startswith("sglang."):
+        return references.get(name)
+    function = name.rsplit(".", 1)[-1]
+    moved = [
+        ref
+        for key, ref in references.items()
+        if key.startswith("sglang.") and key.rsplit(".", 1)[-1] == function
+    ]
+    return moved[0] if len(set(map(id, moved))) == 1 else None
 
 
 def _triton_references() -> dict[str, Callable[..., Any]]:
@@ -436,6 +443,19 @@ class OnHost(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _accelerator_is_npu() -> None:
+    """``torch.get_device_module()`` (no device: the current accelerator's module) is ``torch.npu``
+    on an Ascend host; torch's own answer would ask the PrivateUse1 hooks this CPU build lacks."""
+    original = torch.get_device_module
+
+    def get_device_module(device: Any = None) -> Any:
+        if device is None or _host(device) == "cpu" and str(device).split(":")[0] != "cpu":
+            return torch.npu  # type: ignore[attr-defined]
+        return original(device)
+
+    torch.get_device_module = get_device_module
+
+
 def _hccl_on_gloo() -> None:
     import torch.distributed as dist
 
@@ -481,6 +501,7 @@ def install() -> list[str]:
     torch.utils.rename_privateuse1_backend("npu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch.npu = _device_module()  # type: ignore[attr-defined]
+    _accelerator_is_npu()
     torch.ops.npu = SimulatedPackage("torch.ops.npu")  # type: ignore[attr-defined]
     _hccl_on_gloo()
     OnHost().__enter__()  # for the interpreter's life (the dry run's own)

@@ -45,8 +45,19 @@ class StoodInError(BaseException):
         self.touched = touched
 
 
+def module_code_running(depth: int = 2) -> bool:
+    """A module's own top-level code is running (an import made while a probe runs): what it does
+    with a stand-in there builds constants, annotations and base classes, it runs nothing."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") != "__main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _check(cls_or_module: Any, action: str) -> None:
-    if _probing:
+    if _probing and not module_code_running():
         name = getattr(cls_or_module, "_stand_in_name", getattr(cls_or_module, "__name__", "?"))
         raise StoodInError(name.split(".")[0], f"{name} ({action})")
 

@@ -83,5 +83,4 @@ def write_req_to_token_pool_triton(
 TRITON_KERNELS: dict[str, Callable[..., Any]] = {
     "sgl_kernel_npu.mem_cache.allocator.alloc_extend_kernel": alloc_extend_kernel,
     "sglang.kernels.ops.memory.common.write_req_to_token_pool_triton": write_req_to_token_pool_triton,
-    "sglang.srt.mem_cache.common.write_req_to_token_pool_triton": write_req_to_token_pool_triton,
 }
