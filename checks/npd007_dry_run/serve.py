@@ -490,6 +490,17 @@ def _ended(
     return outcome
 
 
+def _missing_here(error: BaseException, cuda_only: frozenset[str]) -> bool:
+    """A third-party module sglang imports while it serves, missing on this host: the host's gap.
+    A CUDA-only package is missing on an Ascend host too: sglang's defect, not a gap."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return False
+    root = error.name.split(".")[0]
+    return (
+        root not in cuda_only and root not in ("sglang", "npudoctor") and root not in sys.stdlib_module_names
+    )
+
+
 def _steps(
     outcome: DryRunOutcome, watch: _Watch | None, requests: _Requests | None, ended: str | None
 ) -> None:
