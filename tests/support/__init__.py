@@ -7,6 +7,8 @@ every xdist worker too). Fixtures stay in ``tests/conftest.py``; ``fixprobe.py``
 * ``truths``: the verified truths of ``tests/data/known.yaml`` and how to read them;
 * ``trees``: overlay copies of release trees, the edits tests make to them, synthetic states, a
   release installed by pip with torch beside it;
+* ``patches``: unified diffs applied strictly (no offset, no fuzz) to an overlay copy of a release
+  tree: the dry run's mutants of ``tests/data/dryrun/mutants/``;
 * ``reports``: a ``check`` JSON report through the ``cli`` fixture, one check's result in it;
 * ``filesystem``: directory states a test needs (one nothing can be written in, root included).
 
