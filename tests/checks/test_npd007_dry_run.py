@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from npudoctor.checks.npd007_dry_run.live import judged
 from npudoctor.checks.npd007_dry_run.outcome import PREFILL, START_UP, DryRunOutcome, Step
 from npudoctor.checks.npd007_dry_run.serve import server_args_for
@@ -65,9 +67,9 @@ def test_features_one_simulated_device_cannot_serve_are_named_not_dropped_silent
         accepted,
         "/scratch/model",
     )
-    assert given["tp_size"] == 1 and given["disaggregation_mode"] == "null"
+    assert given["tp_size"] == 1 and given["disaggregation_mode"] == "prefill"  # the role's own path
     assert any("tensor parallelism" in n and "tp_size=16" in n for n in not_simulated)
-    assert any("PD transfer" in n for n in not_simulated)
+    assert any("KV transfer engine" in n for n in not_simulated)
     assert not any("pipeline" in n for n in not_simulated)  # pp 1 is what the run does
     assert any(a.startswith("chunked_prefill_size 8192 -> ") for a in adjusted)
 
@@ -95,3 +97,54 @@ def test_only_an_exception_in_sglang_code_fails_the_gate():
     assert judged([_outcome(in_simulation)], []).status.value == "warn"
     gap = judged([_outcome(gap="no CPU reference for torch_npu.npu_rms_norm")], [])
     assert gap.status.value == "warn" and "npu_rms_norm" in gap.summary
+
+
+PD_PREFILL = DATA / "deepseek-v3-pd-prefill.yaml"
+
+
+def test_the_pd_start_up_crash_of_0_5_12_is_found_by_running_it(cli, release):
+    """0.5.12's NPU MLA pool builds state tables from a buffer it never made for a model without
+    the NSA indexer (sglang PR #25383): the real prefill start-up raises. No rule names it here:
+    the dry run starts the role and sglang raises. 0.5.13 (the fix) starts."""
+    failing = dry_run(cli, release("0.5.12"), "--config", PD_PREFILL)
+    assert failing["status"] == "fail", failing["summary"]
+    (evidence,) = failing["evidence"]
+    assert evidence["location"]["path"] == "sglang/srt/hardware_backend/npu/memory_pool_npu.py"
+    assert evidence["location"]["line"] == 299
+    assert "TypeError: 'NoneType' object is not subscriptable (dry run, start-up)" in evidence["observed"]
+    fixed = dry_run(cli, release("0.5.13"), "--config", PD_PREFILL)
+    assert START_UP in steps_run(fixed)
+    assert fixed["status"] != "fail", fixed["summary"]
+
+
+MUTANTS = DATA / "mutants"
+
+
+def _mutant_run(cli, release, tmp_path, name: str) -> dict:
+    from support.patches import mutated_tree
+
+    tree = mutated_tree(release("0.5.23"), MUTANTS / f"{name}.patch", tmp_path / name)
+    return dry_run(cli, tree, "--model-path", TINY_LLAMA)
+
+
+@pytest.mark.parametrize(
+    ("name", "where", "step"),
+    [
+        # a CUDA-only kernel import taken on NPU: the scheduler process cannot import the sampler
+        ("regression-sgl-kernel-import-sampler-on-npu", "sglang/srt/layers/sampler.py", START_UP),
+        # a required keyword-only argument dropped at its call: every prefill raises
+        ("regression-dropped-keyword-extend-logprob-start", "sglang/srt/managers/schedule_batch.py", PREFILL),
+    ],
+)
+def test_a_regression_on_the_path_fails_at_its_step(cli, release, tmp_path, name, where, step):
+    result = _mutant_run(cli, release, tmp_path, name)
+    assert result["status"] == "fail", result["summary"]
+    observed = " ".join(e["observed"] for e in result["evidence"])
+    assert where in observed or any(e["location"]["path"] == where for e in result["evidence"]), observed
+    assert f"(dry run, {step}" in observed
+
+
+def test_a_refactor_keeps_the_verdict_of_the_release(cli, release, tmp_path):
+    base = dry_run(cli, release("0.5.23"), "--model-path", TINY_LLAMA)
+    refactored = _mutant_run(cli, release, tmp_path, "refactor-rename-local-extend-cumsum")
+    assert (refactored["status"], steps_run(refactored)) == (base["status"], steps_run(base))
