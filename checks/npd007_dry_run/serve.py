@@ -347,6 +347,7 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
         return _ended(outcome, START_UP, error, started)
     outcome.stood_in = dict(standins.stood_in)
     ascendsim.RECORD.running = True
+    standins.stand_in_late_imports(ascendsim.CUDA_ONLY_PACKAGES, "dry run, while serving")
     scheduler_class = scheduler_module.Scheduler
     entry = scheduler_module.run_scheduler_process
     where = code_location(entry)
@@ -433,7 +434,10 @@ def _fake_transfer() -> None:
 def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> None:
     """Watch the scheduler's batches and end its loop once every request finished."""
     scheduler_class.__init__ = _guarded(scheduler_class.__init__)
-    scheduler_class.run_event_loop = _guarded(scheduler_class.run_event_loop)
+    # the event loop: ``run_event_loop`` (0.5.12+) or the ``event_loop_*`` variant the entry picks
+    for name in dir(scheduler_class):
+        if name == "run_event_loop" or name.startswith("event_loop"):
+            setattr(scheduler_class, name, _guarded(getattr(scheduler_class, name)))
     next_batch = scheduler_class.get_next_batch_to_run
     run_batch = scheduler_class.run_batch
 
@@ -479,6 +483,11 @@ def _ended(
         )
     elif isinstance(error, (ascendsim.SimulationGap, standins.StoodInError)):
         outcome.gap, outcome.gap_step = str(error), step
+    elif _torch_lacks(error):
+        import torch
+
+        outcome.gap = f"this host's torch {torch.__version__} lacks what this release uses: {error}"
+        outcome.gap_step = step
     elif _missing_here(error, ascendsim.CUDA_ONLY_PACKAGES):
         outcome.gap = f"sglang imported {error.name!r}, which this host lacks (an Ascend host has it)"
         outcome.gap_step = step
@@ -488,6 +497,13 @@ def _ended(
     _steps(outcome, watch, None, ended=step)
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def _torch_lacks(error: BaseException) -> bool:
+    """sglang asked torch for a name this host's torch does not have (``torch._C._cpu.
+    _is_amx_tile_supported`` for 0.4.10 on torch 2.13): the live environment's torch is not the one
+    the release was built for. The release pins its own torch; the host's stack is what differs."""
+    return isinstance(error, AttributeError) and str(error).startswith("module 'torch")
 
 
 def _missing_here(error: BaseException, cuda_only: frozenset[str]) -> bool:
@@ -540,13 +556,52 @@ def main() -> int:
     answer = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    delivered = threading.Lock()
+
+    def deliver(outcome: DryRunOutcome) -> None:
+        if delivered.acquire(blocking=False):
+            answer.write(pickle.dumps(outcome))
+            answer.close()
+
+    _watch_for_a_hang(request.get("role", "?"), deliver)
     try:
         outcome = run({**request, "scratch": sys.argv[1]})
     except BaseException as error:  # npudoctor's own failure: said, never a verdict on sglang
         outcome = DryRunOutcome(role=request.get("role", "?"), error=f"{type(error).__name__}: {error}")
-    answer.write(pickle.dumps(outcome))
-    answer.close()
+    deliver(outcome)
     return 0
+
+
+def _watch_for_a_hang(role: str, deliver: Any) -> None:
+    """A run that has not ended after ``MAX_SECONDS`` (sglang waiting on something that never
+    comes: a peer, a lock, a device) is reported where sglang's main thread waits, and the
+    interpreter ends: npudoctor is never held for longer."""
+    from npudoctor.live import ascendsim
+    from npudoctor.live.locations import frame_location
+
+    main_thread = threading.main_thread().ident
+
+    def watch() -> None:
+        time.sleep(MAX_SECONDS + 30)
+        frame = sys._current_frames().get(main_thread)
+        where = None
+        while frame is not None and where is None:
+            where = frame_location(frame)
+            frame = frame.f_back if where is None else frame
+        at = f"{where.path}:{where.line} ({where.symbol})" if where else "outside sglang's code"
+        outcome = DryRunOutcome(
+            role=role,
+            gap=f"the run did not end within {MAX_SECONDS + 30:.0f} s: sglang's main thread waits at {at}",
+            gap_step="serving",
+            ops=dict(ascendsim.RECORD.ops),
+            gaps=dict(ascendsim.RECORD.gaps),
+        )
+        deliver(outcome)
+        from npudoctor.live.child_process import exit_now
+
+        exit_now(0)
+
+    threading.Thread(target=watch, daemon=True, name="npudoctor-hang-watch").start()
 
 
 if __name__ == "__main__":

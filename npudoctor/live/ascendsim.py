@@ -156,6 +156,10 @@ class Unmodelled:
         """A Triton launch ``kernel[grid](...)``: the kernel has no CPU reference."""
         return Unmodelled(self._name)
 
+    def __iter__(self) -> Any:
+        """Not a sequence (``__getitem__`` is a kernel launch): iterating it would never end."""
+        raise TypeError(f"{self._name} (unmodelled) is not iterable")
+
     def __mro_entries__(self, bases: tuple) -> tuple:
         return (_StubClass,)
 
@@ -182,6 +186,8 @@ KNOWN: dict[str, Any] = {
     # torchair compiles a torch.compile graph for the NPU: on the simulated NPU the graph runs as
     # traced (torch.compile's backend contract: a callable taking the FX graph and example inputs)
     "torchair.get_npu_backend": lambda *args, **kwargs: _traced_graph,
+    # triton-ascend's backends are the NPU's (torch asks whether one serves the CPU: none does)
+    "triton.backends.backends": {"npu": None},
     # a kernel defined while sglang runs (a lazy import): launched through its reference or a gap
     "triton.jit": lambda *args, **kwargs: _jit(*args, **kwargs),
     "triton.autotune": lambda *args, **kwargs: _jit(None),
@@ -362,6 +368,7 @@ def _device_module() -> types.ModuleType:
     npu.__dict__.update(
         is_available=lambda: True,
         is_initialized=lambda: True,
+        _lazy_init=lambda: None,
         device_count=lambda: 1,
         current_device=lambda: 0,
         set_device=lambda device: None,
@@ -501,6 +508,7 @@ def install() -> list[str]:
     torch.utils.rename_privateuse1_backend("npu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch.npu = _device_module()  # type: ignore[attr-defined]
+    sys.modules["torch.npu"] = torch.npu  # ``import torch.npu`` (dynamo's device interfaces)
     _accelerator_is_npu()
     torch.ops.npu = SimulatedPackage("torch.ops.npu")  # type: ignore[attr-defined]
     _hccl_on_gloo()

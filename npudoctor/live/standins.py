@@ -18,6 +18,7 @@ child turns it into a ``warn``: the probe reached code this host cannot run, it 
 
 from __future__ import annotations
 
+import dis
 import importlib.abc
 import importlib.machinery
 import re
@@ -54,6 +55,16 @@ def module_code_running(depth: int = 2) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
+
+
+def _imported_by_name() -> bool:
+    """The attribute is read by a ``from module import name`` statement: its ``IMPORT_FROM``, or the
+    import system's look for a submodule of that name first (``_handle_fromlist``)."""
+    frame = sys._getframe(2)
+    return frame.f_code.co_name == "_handle_fromlist" or frame.f_code.co_code[frame.f_lasti] == _IMPORT_FROM
 
 
 def _check(cls_or_module: Any, action: str) -> None:
@@ -111,7 +122,8 @@ class _StandInModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        _check(self, f"attribute {name}")
+        if not _imported_by_name():  # ``from missing import name`` inside a function: an import
+            _check(self, f"attribute {name}")
         value = _stand_in(f"{self.__name__}.{name}")
         setattr(self, name, value)
         return value
@@ -136,6 +148,41 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 _FINDER = _Finder()
+
+
+class _LateFinder(importlib.abc.MetaPathFinder):
+    """While sglang runs (the dry run), a module it imports inside a function that this host lacks
+    is stood in as one imported at start would have been, when an ``import`` statement asks for it;
+    a question whether it exists (``importlib.util.find_spec``, how sglang and transformers test
+    for optional packages) still hears no, so no optional path is taken because of a stand-in."""
+
+    def __init__(self, absent: frozenset[str], needed_by: str):
+        self.absent = absent
+        self.needed_by = needed_by
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        root = fullname.split(".")[0]
+        if "." in fullname or root in self.absent or _asked_whether_it_exists():
+            return None
+        if not _stand_in_module(fullname, self.needed_by):
+            return None
+        return _FINDER.find_spec(fullname, path, target)
+
+
+def _asked_whether_it_exists() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "find_spec" and frame.f_code.co_filename.endswith("importlib/util.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def stand_in_late_imports(absent: frozenset[str], needed_by: str) -> None:
+    """From now on, stand in a missing module an ``import`` statement asks for (``_LateFinder``)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)
+    sys.meta_path.append(_LateFinder(absent, needed_by))
 
 
 def import_with_stand_ins(
