@@ -1,0 +1,34 @@
+"""CPU references of the Ascend kernels that sglang's NPU paths call, one module per op family.
+
+The dry run and the live probes run sglang's real glue code around an NPU kernel (argument
+preparation, splitting, concatenation); only the kernel itself is replaced, by a plain PyTorch
+implementation of its documented semantics for the argument forms those paths use. Anything outside
+that subset raises ``NotImplementedError`` naming the argument (``unmodelled.refuse``), so a run
+never passes on a kernel call the reference does not model. Each module's docstring names the
+document it follows and the sglang call sites it was written for.
+
+``npudoctor.live.npusim.npu_runtime`` installs ``KERNELS`` on the stand-in ``torch_npu`` and as
+``torch.ops.npu`` for the duration of the calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from npudoctor.live.npukernels import attention, kvcache, nonlinearity, norm, rope, sampling
+
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling)
+
+
+def _merged() -> dict[str, Callable[..., Any]]:
+    kernels: dict[str, Callable[..., Any]] = {}
+    for family in FAMILIES:
+        for name, kernel in family.KERNELS.items():
+            if name in kernels:
+                raise RuntimeError(f"two references for {name}: {family.__name__} and another family")
+            kernels[name] = kernel
+    return kernels
+
+
+KERNELS: dict[str, Callable[..., Any]] = _merged()
