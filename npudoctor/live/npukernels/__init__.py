@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from npudoctor.live.npukernels import attention, kvcache, nonlinearity, norm, rope, sampling
+from npudoctor.live.npukernels import attention, kvcache, layout, nonlinearity, norm, rope, sampling
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling)
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, layout)
 
 
 def _merged() -> dict[str, Callable[..., Any]]:

@@ -1,0 +1,68 @@
+"""Every NPU kernel that 0.5.23's dense (Llama/Qwen) path names has a CPU reference, or is a
+known gap listed here with the reason; a kernel a new release adds on that path fails this test
+until it gets one or joins the list."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from npudoctor.live.npukernels import KERNELS
+
+# The modules of the dense path's NPU code: attention backend, KV pool, NPU utils and graph runner,
+# norms, activations, plain rotary embedding, sampler, the dense models.
+DENSE_PATH = (
+    "srt/hardware_backend/npu/attention/ascend_backend.py",
+    "srt/hardware_backend/npu/memory_pool_npu.py",
+    "srt/hardware_backend/npu/utils.py",
+    "srt/hardware_backend/npu/graph_runner",
+    "srt/layers/layernorm.py",
+    "srt/layers/activation.py",
+    "srt/layers/rotary_embedding/base.py",
+    "srt/layers/rotary_embedding/utils.py",
+    "srt/layers/sampler.py",
+    "srt/models/llama.py",
+    "srt/models/qwen2.py",
+    "srt/models/qwen3.py",
+)
+
+# Kernels named in those modules on branches the dense path does not take, without a reference yet.
+KNOWN_GAPS = {
+    # DeepSeek-V3.2 sparse attention (forward_sparse, taken only with indexer topk_indices)
+    "npu_sparse_flash_attention",
+    "npu_kv_quant_sparse_flash_attention",
+    # context-parallel prefill: merges per-rank partial attention by their lse (attn_cp_size > 1)
+    "npu_attention_update",
+    # MLA decode without FIA (use_mla): DeepSeek's latent cache
+    "_npu_paged_attention_mla",
+    # int8 KV cache quantization (the quantized KV pools); unquantized dtypes only so far
+    "npu_dynamic_quant",
+}
+
+CALLED = re.compile(r"\b(?:torch_npu|torch\.ops\.npu)\.(_?npu_\w+)")
+
+
+def kernels_named(sglang: Path) -> dict[str, list[str]]:
+    """Each torch_npu / torch.ops.npu kernel named in the dense path's modules -> where."""
+    found: dict[str, list[str]] = {}
+    for entry in DENSE_PATH:
+        path = sglang / entry
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        assert files and all(f.is_file() for f in files), f"{entry} is not in this release"
+        for file in files:
+            for number, line in enumerate(file.read_text().splitlines(), 1):
+                for name in CALLED.findall(line):
+                    found.setdefault(name, []).append(f"{file.relative_to(sglang)}:{number}")
+    return found
+
+
+def test_every_kernel_on_the_0_5_23_dense_path_has_a_reference_or_is_a_known_gap(release):
+    named = kernels_named(release("0.5.23") / "sglang")
+    missing = {name: where for name, where in named.items() if name not in KERNELS and name not in KNOWN_GAPS}
+    assert not missing, f"NPU kernels on the dense path with no CPU reference: {missing}"
+    # the grep itself works: the path's attention and norm kernels are among those it finds
+    assert {"npu_fused_infer_attention_score", "_npu_paged_attention", "npu_rms_norm"} <= named.keys()
+
+
+def test_no_known_gap_has_a_reference():
+    assert not KNOWN_GAPS & KERNELS.keys()
