@@ -16,9 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from npudoctor.live.npukernels import attention, kvcache, layout, nonlinearity, norm, rope, sampling
+from npudoctor.live.npukernels import (
+    attention,
+    kvcache,
+    moe,
+    nonlinearity,
+    norm,
+    rope,
+    sampling,
+    storageformat,
+)
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, layout)
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, storageformat, moe)
 
 
 def _merged() -> dict[str, Callable[..., Any]]:
