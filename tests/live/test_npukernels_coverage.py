@@ -33,8 +33,6 @@ KNOWN_GAPS = {
     "npu_kv_quant_sparse_flash_attention",
     # context-parallel prefill: merges per-rank partial attention by their lse (attn_cp_size > 1)
     "npu_attention_update",
-    # MLA decode without FIA (use_mla): DeepSeek's latent cache
-    "_npu_paged_attention_mla",
     # int8 KV cache quantization (the quantized KV pools); unquantized dtypes only so far
     "npu_dynamic_quant",
 }

@@ -19,6 +19,7 @@ from typing import Any
 from npudoctor.live.npukernels import (
     attention,
     kvcache,
+    mla,
     moe,
     nonlinearity,
     norm,
@@ -27,7 +28,7 @@ from npudoctor.live.npukernels import (
     storageformat,
 )
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, storageformat, moe)
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, storageformat, moe, mla)
 
 
 def _merged() -> dict[str, Callable[..., Any]]:

@@ -500,10 +500,51 @@ def _npu_flash_attention_qlens(
     out.copy_(result.reshape(out.shape).to(out.dtype))
 
 
+def _npu_paged_attention_mla(
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+    scale_value: float,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor | Sequence[int],
+    mla_vheadsize: int,
+    out: torch.Tensor,
+    **unmodelled: Any,
+) -> None:
+    """``torch_npu._npu_paged_attention_mla`` (ATB MLA paged decode): as ``_npu_paged_attention``
+    over one cache ``(blocks, block_size, N_kv, latent + rope)`` that is both key (all dims) and
+    value (its first ``mla_vheadsize`` dims, the latent); ``query (B, N, latent + rope)``; writes
+    ``out (B, N, mla_vheadsize)``.
+
+    sglang: ``forward_decode`` for MLA without FIA (``ascend_backend.py``)."""
+    op = "_npu_paged_attention_mla"
+    refuse_given(op, unmodelled)
+    lens = _lengths(op, "context_lens", context_lens)
+    if (
+        key_cache.dim() != 4
+        or key_cache.shape[2] != num_kv_heads
+        or not 0 < mla_vheadsize <= key_cache.shape[3]
+    ):
+        refuse(op, "key_cache", f"shape {tuple(key_cache.shape)} with mla_vheadsize {mla_vheadsize}")
+    q = query.reshape(query.shape[0], num_heads, -1)
+    if q.shape[0] != len(lens) or block_table.shape[0] < len(lens):
+        raise ValueError(
+            f"{op}: {q.shape[0]} queries, {len(lens)} context_lens, {block_table.shape[0]} table rows"
+        )
+    result = torch.zeros(q.shape[0], num_heads, mla_vheadsize, dtype=torch.float32)
+    for b, length in enumerate(lens):
+        k = paged_tokens(key_cache, block_table[b], length, num_kv_heads)
+        result[b : b + 1], _ = attend(q[b : b + 1], k, k[..., :mla_vheadsize], scale_value, None)
+    out.copy_(result.reshape(out.shape).to(out.dtype))
+
+
 KERNELS = {
     "npu_fused_infer_attention_score": npu_fused_infer_attention_score,
     "npu_fused_infer_attention_score_v2": npu_fused_infer_attention_score_v2,
     "_npu_fused_infer_attention_score_get_max_workspace": _npu_fused_infer_attention_score_get_max_workspace,
     "_npu_paged_attention": _npu_paged_attention,
+    "_npu_paged_attention_mla": _npu_paged_attention_mla,
     "_npu_flash_attention_qlens": _npu_flash_attention_qlens,
 }
