@@ -8,7 +8,9 @@ never passes on a kernel call the reference does not model. Each module's docstr
 document it follows and the sglang call sites it was written for.
 
 ``npudoctor.live.npusim.npu_runtime`` installs ``KERNELS`` on the stand-in ``torch_npu`` and as
-``torch.ops.npu`` for the duration of the calls.
+``torch.ops.npu`` for the duration of the calls. ``SGL_KERNEL_NPU`` holds the references of the
+sgl-kernel-npu (Triton) functions sglang calls, by the dotted name sglang imports them from
+(``sgl_kernel_npu.norm.l1_norm.l1_norm``), for the stand-in ``sgl_kernel_npu`` package.
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ from npudoctor.live.npukernels import (
 FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, storageformat, moe, mla)
 
 
-def _merged() -> dict[str, Callable[..., Any]]:
+def _merged(table: str) -> dict[str, Callable[..., Any]]:
+    """The families' ``table`` dicts in one; a name two families define is an error."""
     kernels: dict[str, Callable[..., Any]] = {}
     for family in FAMILIES:
-        for name, kernel in family.KERNELS.items():
+        for name, kernel in getattr(family, table, {}).items():
             if name in kernels:
                 raise RuntimeError(f"two references for {name}: {family.__name__} and another family")
             kernels[name] = kernel
     return kernels
 
 
-KERNELS: dict[str, Callable[..., Any]] = _merged()
+KERNELS: dict[str, Callable[..., Any]] = _merged("KERNELS")
+SGL_KERNEL_NPU: dict[str, Callable[..., Any]] = _merged("SGL_KERNEL_NPU")

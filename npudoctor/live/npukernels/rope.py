@@ -7,6 +7,8 @@ Documents followed: the torch_npu custom-API reference in Ascend/op-plugin
 ``x[..., ::2], x[..., 1::2]``); ``npu_interleave_rope`` first de-interleaves ``x`` (pairs to
 halves) and then applies the half rotation.
 
+``fused_rope_qk_mqa`` (sgl-kernel-npu) follows its Triton source.
+
 Call sites: sglang ``srt/layers/rotary_embedding/base.py`` ``RotaryEmbedding.forward_npu``
 (npu_mrope with ``mrope_section=[0, 0, 0]``, i.e. plain RoPE), ``mrope.py``
 ``MRotaryEmbedding.forward_npu`` (npu_mrope with sections), ``rope_variant.py``
@@ -155,6 +157,60 @@ def npu_interleave_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     b, n, s, d = x.shape
     q = x.float().reshape(b, n, s, d // 2, 2).transpose(-1, -2).reshape(b, n, s, d)
     return (q * cos.float() + rotate_half(q) * sin.float()).to(x.dtype)
+
+
+def is_power_of_two(n: int) -> bool:
+    """The sizes a Triton ``tl.arange`` can span."""
+    return n > 0 and n & (n - 1) == 0
+
+
+def fused_rope_qk_mqa(
+    query: torch.Tensor, key: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, is_neox_style: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sgl_kernel_npu.norm.fused_rope_qk_mqa.fused_rope_qk_mqa`` (sgl-kernel-npu
+    ``python/sgl_kernel_npu/sgl_kernel_npu/norm/fused_rope_qk_mqa.py``, Triton), as its kernel
+    computes: token ``t`` reads row ``t`` of ``cos_sin (T, rotary_dim)`` (``cos`` its first half,
+    ``sin`` the second: the caller gathers the rows by position); the first ``rotary_dim`` dims of
+    each head of ``query (T, Hq, D)`` and ``key (T, Hk, D)`` are rotated on the pairs
+    ``(d, d + rotary_dim / 2)`` (neox) or ``(2d, 2d + 1)``: ``(x1 cos - x2 sin, x1 sin + x2 cos)``;
+    the rest passes. Outputs in the inputs' dtypes.
+
+    The kernel's ``tl.arange`` ranges (heads, ``rotary_dim / 2``, the pass-through width) must be
+    powers of two; other sizes are refused. sglang: ``RotaryEmbedding.forward_npu`` for bfloat16
+    queries with a float32 cache or 3-D keys."""
+    op = "fused_rope_qk_mqa"
+    if query.dim() != 3 or key.dim() != 3 or key.shape[0] != query.shape[0] or key.shape[2] != query.shape[2]:
+        raise ValueError(
+            f"{op}: query {tuple(query.shape)} and key {tuple(key.shape)} are not (T, H, D) alike"
+        )
+    head_dim = query.shape[2]
+    widths = {"query heads": query.shape[1], "key heads": key.shape[1], "rotary_dim / 2": rotary_dim // 2}
+    if head_dim > rotary_dim:
+        widths["head_dim - rotary_dim"] = head_dim - rotary_dim
+    odd = {name: n for name, n in widths.items() if not is_power_of_two(n)}
+    if odd or rotary_dim > head_dim:
+        refuse(op, "query", f"{odd or rotary_dim}: the Triton kernel needs powers of two within head_dim")
+    if cos_sin.shape[0] < query.shape[0] or cos_sin.shape[-1] < rotary_dim:
+        raise ValueError(
+            f"{op}: cos_sin {tuple(cos_sin.shape)} has no row of {rotary_dim} for each of {query.shape[0]} tokens"
+        )
+    half = rotary_dim // 2
+    cos = cos_sin[: query.shape[0], :half].float()[:, None, :]
+    sin = cos_sin[: query.shape[0], half:rotary_dim].float()[:, None, :]
+    first = torch.arange(half) if is_neox_style else torch.arange(0, rotary_dim, 2)
+    second = first + half if is_neox_style else first + 1
+
+    def rotated(x: torch.Tensor) -> torch.Tensor:
+        out = x.float().clone()
+        x1, x2 = out[..., first].clone(), out[..., second].clone()
+        out[..., first], out[..., second] = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+        return out.to(x.dtype)
+
+    return rotated(query), rotated(key)
+
+
+# sgl_kernel_npu functions, by the dotted name sglang imports them from
+SGL_KERNEL_NPU = {"sgl_kernel_npu.norm.fused_rope_qk_mqa.fused_rope_qk_mqa": fused_rope_qk_mqa}
 
 
 KERNELS = {
