@@ -1,13 +1,15 @@
-"""Every NPU kernel that 0.5.23's dense (Llama/Qwen) path names has a CPU reference, or is a
+"""Every NPU kernel that 0.5.23's dense (Llama/Qwen) path names (``torch_npu.npu_*``/``_npu_*``,
+``torch.ops.npu.*``, and the sgl-kernel-npu functions it imports) has a CPU reference, or is a
 known gap listed here with the reason; a kernel a new release adds on that path fails this test
 until it gets one or joins the list."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
-from npudoctor.live.npukernels import KERNELS
+from npudoctor.live.npukernels import KERNELS, SGL_KERNEL_NPU
 
 # The modules of the dense path's NPU code: attention backend, KV pool, NPU utils and graph runner,
 # norms, activations, plain rotary embedding, sampler, the dense models.
@@ -37,20 +39,50 @@ KNOWN_GAPS = {
     "npu_dynamic_quant",
 }
 
+# sgl-kernel-npu functions imported there, on branches the dense path does not take
+KNOWN_SGL_KERNEL_NPU_GAPS = {
+    # attention sinks (gpt-oss) without ASCEND_USE_FIA
+    "sgl_kernel_npu.attention.sinks_attention.attention_sinks_triton",
+    "sgl_kernel_npu.attention.sinks_attention.attention_sinks_prefill_triton",
+    # the DSpark speculative commit of valid KV prefixes
+    "sgl_kernel_npu.mem_cache.kv_cache_store.store_kv_cache_prefix_valid_npu_triton",
+    # Kimi K3's SituAndMul
+    "sgl_kernel_npu.activation.situ.situ_and_mul",
+}
+
 CALLED = re.compile(r"\b(?:torch_npu|torch\.ops\.npu)\.(_?npu_\w+)")
+
+
+def dense_path_files(sglang: Path) -> list[Path]:
+    files = []
+    for entry in DENSE_PATH:
+        path = sglang / entry
+        found = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        assert found and all(f.is_file() for f in found), f"{entry} is not in this release"
+        files += found
+    return files
 
 
 def kernels_named(sglang: Path) -> dict[str, list[str]]:
     """Each torch_npu / torch.ops.npu kernel named in the dense path's modules -> where."""
     found: dict[str, list[str]] = {}
-    for entry in DENSE_PATH:
-        path = sglang / entry
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        assert files and all(f.is_file() for f in files), f"{entry} is not in this release"
-        for file in files:
-            for number, line in enumerate(file.read_text().splitlines(), 1):
-                for name in CALLED.findall(line):
-                    found.setdefault(name, []).append(f"{file.relative_to(sglang)}:{number}")
+    for file in dense_path_files(sglang):
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            for name in CALLED.findall(line):
+                found.setdefault(name, []).append(f"{file.relative_to(sglang)}:{number}")
+    return found
+
+
+def sgl_kernel_npu_imported(sglang: Path) -> dict[str, list[str]]:
+    """Each ``from sgl_kernel_npu.x import f`` in the dense path's modules: dotted name -> where."""
+    found: dict[str, list[str]] = {}
+    for file in dense_path_files(sglang):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sgl_kernel_npu"):
+                for alias in node.names:
+                    found.setdefault(f"{node.module}.{alias.name}", []).append(
+                        f"{file.relative_to(sglang)}:{node.lineno}"
+                    )
     return found
 
 
@@ -62,5 +94,17 @@ def test_every_kernel_on_the_0_5_23_dense_path_has_a_reference_or_is_a_known_gap
     assert {"npu_fused_infer_attention_score", "_npu_paged_attention", "npu_rms_norm"} <= named.keys()
 
 
+def test_every_sgl_kernel_npu_function_on_the_0_5_23_dense_path_has_a_reference_or_is_a_known_gap(release):
+    imported = sgl_kernel_npu_imported(release("0.5.23") / "sglang")
+    missing = {
+        name: where
+        for name, where in imported.items()
+        if name not in SGL_KERNEL_NPU and name not in KNOWN_SGL_KERNEL_NPU_GAPS
+    }
+    assert not missing, f"sgl-kernel-npu functions on the dense path with no CPU reference: {missing}"
+    assert "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope" in imported
+
+
 def test_no_known_gap_has_a_reference():
     assert not KNOWN_GAPS & KERNELS.keys()
+    assert not KNOWN_SGL_KERNEL_NPU_GAPS & SGL_KERNEL_NPU.keys()

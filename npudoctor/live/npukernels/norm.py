@@ -153,6 +153,8 @@ def split_qkv_rmsnorm_rope(
 
 # sgl_kernel_npu functions, by the dotted name sglang imports them from
 SGL_KERNEL_NPU = {
+    # "binds to" torch_npu.npu_gemma_rms_norm on A2/A3 (sglang layernorm.py's import fallback)
+    "sgl_kernel_npu.norm.gemma_rmsnorm.npu_gemma_rms_norm": npu_gemma_rms_norm,
     "sgl_kernel_npu.norm.l1_norm.l1_norm": l1_norm,
     "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
 }
