@@ -411,3 +411,27 @@ def test_fia_v2_refuses_attention_sinks():
             actual_seq_kvlen=[3],
             learnable_sink=torch.zeros(HEADS),
         )
+
+
+def test_fia_v2_sliding_window_decode_is_refused_not_read_as_full_attention():
+    """forward_decode with FIA on a sliding-window layer: one query per request ignores sparse_mode,
+    but the window mask and band still apply; the reference does not model them."""
+    q = torch.randn(1, 1, HEADS, DIM)
+    cache = torch.randn(2, BLOCK, KV_HEADS * DIM)
+    with pytest.raises(NotImplementedError, match="atten_mask"):
+        npu_fused_infer_attention_score_v2(
+            q,
+            cache,
+            cache,
+            num_query_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            input_layout="BSND",
+            block_table=torch.zeros(1, 1, dtype=torch.int32),
+            block_size=BLOCK,
+            actual_seq_qlen=[1],
+            actual_seq_kvlen=[3],
+            atten_mask=torch.zeros(1, 2048, dtype=torch.bool),
+            sparse_mode=4,
+            pre_tokens=8,
+            next_tokens=0,
+        )

@@ -175,19 +175,20 @@ def _fused_infer_attention(
     if block_size <= 0 or key.shape[1] != block_size or key.dim() != 3:
         raise ValueError(f"{op}: key of shape {tuple(key.shape)} is not (blocks, {block_size}, H) (BnBsH)")
 
-    # the mask: Q_S == 1 without rope ignores sparse_mode (the document's special constraint)
+    # the mask. One query per request without rope ignores sparse_mode (the document's special
+    # constraint), so it sees its whole KV, as a causal query at the end of its KV does; an explicit
+    # mask or a pre/next_tokens band would still apply there and are not modelled.
     single_token = all(end - start <= 1 for start, end in spans) and query_rope is None
+    causal_modes = (_LEFT_UP_CAUSAL, _RIGHT_DOWN_CAUSAL)
     causal: str | None = None
-    if sparse_mode == _NO_MASK or single_token:
-        if atten_mask is not None and not single_token:
-            refuse(op, "atten_mask", "an explicit mask in sparse_mode 0")
-        if atten_mask is not None and sparse_mode == _NO_MASK:
-            refuse(op, "atten_mask", "an explicit mask for single-token queries")
-        if sparse_mode == _NO_MASK and (pre_tokens, next_tokens) != (_UNBOUNDED, _UNBOUNDED):
-            refuse(op, "pre_tokens/next_tokens", "a band in sparse_mode 0")
-    elif sparse_mode in (_LEFT_UP_CAUSAL, _RIGHT_DOWN_CAUSAL):
+    if sparse_mode in causal_modes and not single_token:
         _check_compressed_causal_mask(op, atten_mask)
         causal = "right_down" if sparse_mode == _RIGHT_DOWN_CAUSAL else "left_up"
+    elif sparse_mode == _NO_MASK or single_token:
+        if atten_mask is not None and sparse_mode not in causal_modes:
+            refuse(op, "atten_mask", f"an explicit mask with sparse_mode {sparse_mode}")
+        if (pre_tokens, next_tokens) != (_UNBOUNDED, _UNBOUNDED) and sparse_mode not in causal_modes:
+            refuse(op, "pre_tokens/next_tokens", f"a band with sparse_mode {sparse_mode}")
     else:
         refuse(op, "sparse_mode", f"{sparse_mode} (modelled: 0, 2, 3)")
 
