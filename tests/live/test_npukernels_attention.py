@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from npudoctor.live.npukernels import KERNELS
 from npudoctor.live.npukernels.attention import (
     _npu_flash_attention_qlens,
+    _npu_flash_attention_unpad,
     _npu_paged_attention,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_v2,
@@ -435,3 +436,23 @@ def test_fia_v2_sliding_window_decode_is_refused_not_read_as_full_attention():
             pre_tokens=8,
             next_tokens=0,
         )
+
+
+def test_unpad_attention_is_unmasked_attention_within_each_sequence():
+    """The vision encoder's attention: each packed sequence attends to itself only."""
+    torch.manual_seed(9)
+    lens = [3, 5]
+    q, k, v = torch.randn(8, HEADS, DIM), torch.randn(8, KV_HEADS, DIM), torch.randn(8, KV_HEADS, DIM)
+    out = torch.empty(8, HEADS, DIM)
+    _npu_flash_attention_unpad(
+        query=q,
+        key=k,
+        value=v,
+        seq_len=torch.tensor(lens, dtype=torch.int32),
+        scale_value=0.35,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        out=out,
+    )
+    expected = torch.cat([sdpa(q[:3], k[:3], v[:3], 0.35, None), sdpa(q[3:], k[3:], v[3:], 0.35, None)])
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

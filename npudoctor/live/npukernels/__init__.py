@@ -20,6 +20,7 @@ from typing import Any
 
 from npudoctor.live.npukernels import (
     attention,
+    devicememory,
     kvcache,
     mla,
     moe,
@@ -27,10 +28,9 @@ from npudoctor.live.npukernels import (
     norm,
     rope,
     sampling,
-    storageformat,
 )
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, storageformat, moe, mla)
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, devicememory, moe, mla)
 
 
 def _merged(table: str) -> dict[str, Callable[..., Any]]:

@@ -541,6 +541,41 @@ def _npu_paged_attention_mla(
     out.copy_(result.reshape(out.shape).to(out.dtype))
 
 
+def _npu_flash_attention_unpad(
+    *,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    seq_len: torch.Tensor | Sequence[int],
+    scale_value: float,
+    num_heads: int,
+    num_kv_heads: int,
+    out: torch.Tensor,
+    **unmodelled: Any,
+) -> None:
+    """``torch_npu._npu_flash_attention_unpad`` (ATB unpadded flash attention, no cache): the
+    sequences of ``seq_len`` lie one after another in ``query (T, N, D)``, ``key``/``value``
+    ``(T, N_kv, D)``; each attends to itself without a mask (a vision encoder); writes ``out``.
+
+    sglang: ``VisionAscendAttention`` (``srt/layers/attention/vision.py``, 0.5.4-0.5.12)."""
+    op = "_npu_flash_attention_unpad"
+    refuse_given(op, unmodelled)
+    lens = _lengths(op, "seq_len", seq_len)
+    q = query.reshape(query.shape[0], num_heads, -1)
+    k = key.reshape(key.shape[0], num_kv_heads, -1)
+    v = value.reshape(value.shape[0], num_kv_heads, -1)
+    if sum(lens) != q.shape[0] or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(f"{op}: seq_len {lens} does not split {q.shape[0]} tokens")
+    result = torch.zeros(q.shape[0], num_heads, v.shape[-1], dtype=torch.float32)
+    start = 0
+    for n in lens:
+        result[start : start + n], _ = attend(
+            q[start : start + n], k[start : start + n], v[start : start + n], scale_value, None
+        )
+        start += n
+    out.copy_(result.reshape(out.shape).to(out.dtype))
+
+
 KERNELS = {
     "npu_fused_infer_attention_score": npu_fused_infer_attention_score,
     "npu_fused_infer_attention_score_v2": npu_fused_infer_attention_score_v2,
@@ -548,4 +583,5 @@ KERNELS = {
     "_npu_paged_attention": _npu_paged_attention,
     "_npu_paged_attention_mla": _npu_paged_attention_mla,
     "_npu_flash_attention_qlens": _npu_flash_attention_qlens,
+    "_npu_flash_attention_unpad": _npu_flash_attention_unpad,
 }
