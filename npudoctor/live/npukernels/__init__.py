@@ -4,7 +4,8 @@ The dry run and the live probes run sglang's real glue code around an NPU kernel
 preparation, splitting, concatenation); only the kernel itself is replaced, by a plain PyTorch
 implementation of its documented semantics for the argument forms those paths use. Anything outside
 that subset raises ``NotImplementedError`` naming the argument (``unmodelled.refuse``), so a run
-never passes on a kernel call the reference does not model. Each module's docstring names the
+never passes on a kernel call the reference does not model; the quantization kernels are installed
+only to refuse (``REFUSED``). Each module's docstring names the
 document it follows and the sglang call sites it was written for.
 
 ``npudoctor.live.npusim.npu_runtime`` installs ``KERNELS`` on the stand-in ``torch_npu`` and as
@@ -26,11 +27,12 @@ from npudoctor.live.npukernels import (
     moe,
     nonlinearity,
     norm,
+    quant,
     rope,
     sampling,
 )
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, devicememory, moe, mla)
+FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, devicememory, moe, mla, quant)
 
 
 def _merged(table: str) -> dict[str, Callable[..., Any]]:
@@ -46,3 +48,5 @@ def _merged(table: str) -> dict[str, Callable[..., Any]]:
 
 KERNELS: dict[str, Callable[..., Any]] = _merged("KERNELS")
 SGL_KERNEL_NPU: dict[str, Callable[..., Any]] = _merged("SGL_KERNEL_NPU")
+# names in KERNELS whose reference only refuses (quantization): installed, never computed
+REFUSED: frozenset[str] = frozenset(quant.QUANTIZED_KERNELS)
