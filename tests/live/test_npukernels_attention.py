@@ -375,6 +375,7 @@ def test_qlens_refuses_small_blocks_and_non_causal_masks(change, argument):
         ({"atten_mask": torch.ones(2048, 2048, dtype=torch.bool).tril()}, "atten_mask"),
         ({"antiquant_mode": 1}, "antiquant_mode"),
         ({"key_antiquant_scale": torch.ones(1)}, "key_antiquant_scale"),
+        ({"key": torch.randn(2, KV_HEADS, BLOCK, DIM)}, "key"),
     ],
 )
 def test_fia_forms_outside_the_modelled_subset_are_refused_by_name(change, argument):
@@ -392,8 +393,9 @@ def test_fia_forms_outside_the_modelled_subset_are_refused_by_name(change, argum
         actual_seq_lengths_kv=[4],
     )
     kwargs.update(change)
+    key = kwargs.pop("key", cache)
     with pytest.raises(NotImplementedError, match=argument):
-        npu_fused_infer_attention_score(q, cache, cache, **kwargs)
+        npu_fused_infer_attention_score(q, key, cache, **kwargs)
 
 
 def test_fia_v2_refuses_attention_sinks():

@@ -5,7 +5,10 @@ preparation, splitting, concatenation); only the kernel itself is replaced, by a
 implementation of its documented semantics for the argument forms those paths use. Anything outside
 that subset raises ``NotImplementedError`` naming the argument (``unmodelled.refuse``), so a run
 never passes on a kernel call the reference does not model; the quantization kernels are installed
-only to refuse (``REFUSED``). Each module's docstring names the
+only to refuse (``REFUSED``). Arguments that break the documented contract of a form the reference
+does model (shapes that disagree, a slot or block outside the cache, lengths that do not split the
+tokens) raise ``ValueError``/``IndexError`` instead: that is a misuse of the kernel by its caller,
+which the kernel would reject or misread. Each module's docstring names the
 document it follows and the sglang call sites it was written for.
 
 ``npudoctor.live.npusim.npu_runtime`` installs ``KERNELS`` on the stand-in ``torch_npu`` and as

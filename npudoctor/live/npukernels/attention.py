@@ -172,8 +172,15 @@ def _fused_infer_attention(
         raise ValueError(f"{op}: {len(spans)} requests in the query, {len(kv_lens)} KV lengths")
     if len(spans) > block_table.shape[0]:
         raise ValueError(f"{op}: {len(spans)} requests but block_table has {block_table.shape[0]} rows")
-    if block_size <= 0 or key.shape[1] != block_size or key.dim() != 3:
-        raise ValueError(f"{op}: key of shape {tuple(key.shape)} is not (blocks, {block_size}, H) (BnBsH)")
+    for name, cache in (("key", key), ("value", value), ("key_rope", key_rope)):
+        if cache is not None and cache.dim() != 3:
+            refuse(
+                op,
+                name,
+                f"shape {tuple(cache.shape)}: only the BnBsH cache layout is modelled (not BnNBsD or NZ)",
+            )
+    if block_size <= 0 or key.shape[1] != block_size:
+        raise ValueError(f"{op}: key of shape {tuple(key.shape)} is not paged with block_size {block_size}")
 
     # the mask. One query per request without rope ignores sparse_mode (the document's special
     # constraint), so it sees its whole KV, as a causal query at the end of its KV does; an explicit
