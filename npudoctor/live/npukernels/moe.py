@@ -42,6 +42,8 @@ def npu_moe_gating_top_k_softmax(
     indices (int32), and ``row_idx = arange(N * k).reshape(k, N).T`` (int32). ``finished`` is refused."""
     op = "npu_moe_gating_top_k_softmax"
     refuse_given(op, {"finished": finished})
+    if x.dim() == 3:
+        refuse(op, "x", f"shape {tuple(x.shape)}: the 3-D form is not modelled")
     if x.dim() != 2 or not 0 < k <= min(x.shape[-1], 1024):
         raise ValueError(f"{op}: x of shape {tuple(x.shape)} with k={k}")
     probs = x.float().softmax(dim=-1)
