@@ -13,6 +13,7 @@ from npudoctor.live.npukernels.attention import (
     _npu_flash_attention_qlens,
     _npu_flash_attention_unpad,
     _npu_paged_attention,
+    npu_attention_update,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_v2,
 )
@@ -368,7 +369,7 @@ def test_qlens_refuses_small_blocks_and_non_causal_masks(change, argument):
     "change, argument",
     [
         ({"input_layout": "TND_NTD"}, "input_layout"),
-        ({"block_table": None}, "block_table"),
+        ({"input_layout": "BSND_BNSD"}, "input_layout"),
         ({"sparse_mode": 4}, "sparse_mode"),
         ({"pse_shift": torch.zeros(1)}, "pse_shift"),
         ({"sparse_mode": 0, "atten_mask": None, "next_tokens": 0}, "pre_tokens/next_tokens"),
@@ -458,3 +459,86 @@ def test_unpad_attention_is_unmasked_attention_within_each_sequence():
     )
     expected = torch.cat([sdpa(q[:3], k[:3], v[:3], 0.35, None), sdpa(q[3:], k[3:], v[3:], 0.35, None)])
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mla_prefill_over_new_tokens_and_prefix_merges_to_attention_over_both():
+    """The MLA prefill with a cached prefix (forward_extend): FIA v2 TND without a cache over the
+    new tokens (causal, lse returned), again over the gathered prefix (no mask), then
+    npu_attention_update; the result is causal attention over prefix + new tokens."""
+    torch.manual_seed(10)
+    heads, nope, rope = 2, 6, 2
+    prefix, new = [4, 0], [3, 2]  # request 1 has no prefix
+    ends = torch.tensor(new).cumsum(0).tolist()
+    q, qr = torch.randn(5, heads, nope), torch.randn(5, heads, rope)
+    k, kr, v = torch.randn(5, heads, nope), torch.randn(5, heads, rope), torch.randn(5, heads, nope)
+    pk, pkr, pv = torch.randn(4, heads, nope), torch.randn(4, heads, rope), torch.randn(4, heads, nope)
+    common = dict(
+        query=q,
+        query_rope=qr,
+        num_query_heads=heads,
+        num_key_value_heads=heads,
+        input_layout="TND",
+        actual_seq_qlen=ends,
+        softmax_scale=0.4,
+        return_softmax_lse=True,
+    )
+    out_new, lse_new = npu_fused_infer_attention_score_v2(
+        key=k,
+        value=v,
+        key_rope=kr,
+        actual_seq_kvlen=ends,
+        atten_mask=CAUSAL_2048,
+        sparse_mode=3,
+        next_tokens=0,
+        **common,
+    )
+    out_pre, lse_pre = npu_fused_infer_attention_score_v2(
+        key=pk,
+        value=pv,
+        key_rope=pkr,
+        actual_seq_kvlen=torch.tensor(prefix).cumsum(0).tolist(),
+        sparse_mode=0,
+        **common,
+    )
+    assert lse_new.dtype == torch.float32 and lse_new.shape == (5, heads, 1)
+    assert torch.isinf(lse_pre[3:]).all()  # no prefix: no key seen
+    merged, _ = npu_attention_update(
+        (lse_new.reshape(-1), lse_pre.reshape(-1)), (out_new.reshape(-1, nope), out_pre.reshape(-1, nope)), 0
+    )
+    full_q = torch.cat([q, qr], -1)
+    expected = torch.cat(
+        [
+            sdpa(
+                full_q[:3],
+                torch.cat([torch.cat([pk, pkr], -1), torch.cat([k[:3], kr[:3]], -1)]),
+                torch.cat([pv, v[:3]]),
+                0.4,
+                4,
+            ),
+            sdpa(full_q[3:], torch.cat([k[3:], kr[3:]], -1), v[3:], 0.4, 0),
+        ]
+    )
+    torch.testing.assert_close(merged.reshape(5, heads, nope), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fia_bsnd_without_a_cache_is_causal_attention_over_the_given_kv():
+    """The MLA/equal-dims prefill per request: BSND, K/V given directly (no block_table)."""
+    torch.manual_seed(11)
+    q, k, v = (
+        torch.randn(1, 6, HEADS, DIM),
+        torch.randn(1, 9, KV_HEADS, DIM),
+        torch.randn(1, 9, KV_HEADS, DIM),
+    )
+    out, _ = npu_fused_infer_attention_score(
+        q,
+        k,
+        v,
+        num_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        input_layout="BSND",
+        atten_mask=CAUSAL_2048,
+        sparse_mode=3,
+        scale=0.3,
+        next_tokens=0,
+    )
+    torch.testing.assert_close(out[0], sdpa(q[0], k[0], v[0], 0.3, 9 - 6), rtol=1e-5, atol=1e-5)

@@ -36,8 +36,6 @@ KNOWN_GAPS = {
     # DeepSeek-V3.2 sparse attention (forward_sparse, taken only with indexer topk_indices)
     "npu_sparse_flash_attention",
     "npu_kv_quant_sparse_flash_attention",
-    # context-parallel prefill: merges per-rank partial attention by their lse (attn_cp_size > 1)
-    "npu_attention_update",
     # int8 KV cache quantization (the quantized KV pools); unquantized dtypes only so far
     "npu_dynamic_quant",
 }

@@ -12,8 +12,9 @@ Call sites (sglang ``srt/hardware_backend/npu/attention/ascend_backend.py``, 0.5
 ``srt/layers/attention/ascend_backend.py`` before): ``forward_extend`` (qlens, FIA TND and the
 per-request FIA v2 BSND), ``forward_decode`` (``_npu_paged_attention``, FIA BSND), and
 ``forward_decode_graph`` (FIA ``.out`` in BSH, and BSND with ``query_rope``/``key_rope`` for MLA).
-Every form is paged: ``block_table[b, j // block_size]`` holds request ``b``'s KV token ``j`` at
-``j % block_size``.
+Paged forms: ``block_table[b, j // block_size]`` holds request ``b``'s KV token ``j`` at
+``j % block_size``. FIA also takes K/V directly in the query's layout (the MLA prefill, over the new
+tokens and over the gathered prefix).
 """
 
 from __future__ import annotations
@@ -97,6 +98,95 @@ def _check_compressed_causal_mask(op: str, mask: torch.Tensor | None) -> None:
         refuse(op, "atten_mask", "not the lower-triangular causal mask the kernel assumes")
 
 
+RequestKV = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+
+
+def _paged_kv(
+    op: str,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_rope: torch.Tensor | None,
+    kv_lengths: Sequence[int] | None,
+    block_table: torch.Tensor,
+    block_size: int,
+    kv_heads: int,
+    requests: int,
+) -> list[RequestKV]:
+    """Each request's ``(k, v, k_rope)`` from a paged cache ``(blocks, block_size, N_kv * D)``
+    (BnBsH); ``kv_lengths`` are per request in every layout."""
+    for name, cache in (("key", key), ("value", value), ("key_rope", key_rope)):
+        if cache is not None and cache.dim() != 3:
+            refuse(
+                op,
+                name,
+                f"shape {tuple(cache.shape)}: only the BnBsH cache layout is modelled (not BnNBsD or NZ)",
+            )
+    if block_size <= 0 or key.shape[1] != block_size:
+        raise ValueError(f"{op}: key of shape {tuple(key.shape)} is not paged with block_size {block_size}")
+    if kv_lengths is None:
+        raise ValueError(f"{op}: a paged cache needs actual_seq_lengths_kv")
+    lengths = [int(x) for x in kv_lengths]
+    if len(lengths) != requests or requests > block_table.shape[0]:
+        raise ValueError(
+            f"{op}: {requests} requests, {len(lengths)} KV lengths, {block_table.shape[0]} block_table rows"
+        )
+    return [
+        (
+            paged_tokens(key, block_table[b], n, kv_heads),
+            paged_tokens(value, block_table[b], n, kv_heads),
+            None if key_rope is None else paged_tokens(key_rope, block_table[b], n, kv_heads),
+        )
+        for b, n in enumerate(lengths)
+    ]
+
+
+def _contiguous_kv(
+    op: str,
+    layout: str,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_rope: torch.Tensor | None,
+    kv_lengths: Sequence[int] | None,
+    kv_heads: int,
+    requests: int,
+) -> list[RequestKV]:
+    """Each request's ``(k, v, k_rope)`` from K/V in the query's layout (no cache): TND
+    ``(T_kv, N_kv, D)`` split by the *cumulative* ``kv_lengths``; BSH/BSND/BNSD one batch row per
+    request, its first ``kv_lengths[b]`` tokens (default all; one value shared)."""
+
+    def tokens_first(x: torch.Tensor) -> torch.Tensor:  # -> (B, S, N_kv, D)
+        if layout == "BSH":
+            return x.reshape(x.shape[0], x.shape[1], kv_heads, -1)
+        return x.transpose(1, 2) if layout == "BNSD" else x
+
+    if layout == "TND":
+        if kv_lengths is None:
+            raise ValueError(f"{op}: TND needs actual_seq_lengths_kv (cumulative ends)")
+        ends = [int(x) for x in kv_lengths]
+        if (
+            len(ends) != requests
+            or (ends and ends[-1] > key.shape[0])
+            or any(b < a for a, b in zip([0] + ends, ends))
+        ):
+            raise ValueError(
+                f"{op}: actual_seq_lengths_kv {ends} is not a cumulative split of {key.shape[0]} KV tokens"
+            )
+        spans = list(zip([0] + ends[:-1], ends))
+        return [(key[a:b], value[a:b], None if key_rope is None else key_rope[a:b]) for a, b in spans]
+    k, v = tokens_first(key), tokens_first(value)
+    kr = None if key_rope is None else tokens_first(key_rope)
+    if k.dim() != 4 or k.shape[0] != requests or k.shape[2] != kv_heads:
+        raise ValueError(
+            f"{op}: key of shape {tuple(key.shape)} is not {layout} with {requests} batches of {kv_heads} heads"
+        )
+    lengths = [k.shape[1]] * requests if kv_lengths is None else [int(x) for x in kv_lengths]
+    if len(lengths) == 1:
+        lengths = lengths * requests
+    if any(n > k.shape[1] for n in lengths[:requests]):
+        raise ValueError(f"{op}: actual_seq_lengths_kv {lengths} exceed the {k.shape[1]} KV tokens")
+    return [(k[b, :n], v[b, :n], None if kr is None else kr[b, :n]) for b, n in enumerate(lengths[:requests])]
+
+
 def _fused_infer_attention(
     op: str,
     query: torch.Tensor,
@@ -119,16 +209,11 @@ def _fused_infer_attention(
     block_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The FIA computation shared by v1 and v2 (their arguments differ only in names)."""
-    if block_table is None:
-        refuse(op, "block_table", "only the paged KV cache forms sglang's backends use are modelled")
     if input_layout not in _LAYOUTS:
         refuse(op, "input_layout", f"{input_layout!r} (modelled: {', '.join(_LAYOUTS)})")
     if (query_rope is None) != (key_rope is None):
         raise ValueError(f"{op}: query_rope and key_rope must be given together")
-    if kv_lengths is None:
-        refuse(op, "actual_seq_lengths_kv", "a paged cache needs the per-request KV lengths")
     kv_heads = kv_heads or heads
-    kv_lens = [int(x) for x in kv_lengths]
 
     # per-request queries (n_b, N, D) and where their outputs go
     if input_layout == "TND":
@@ -168,19 +253,10 @@ def _fused_infer_attention(
         spans = [(b * seq, b * seq + n) for b, n in enumerate(lengths[:batch])]
         tokens = batched.reshape(batch * seq, heads, -1)
         rope_tokens = None if rope is None else rope.reshape(batch * seq, heads, -1)
-    if len(spans) != len(kv_lens):
-        raise ValueError(f"{op}: {len(spans)} requests in the query, {len(kv_lens)} KV lengths")
-    if len(spans) > block_table.shape[0]:
-        raise ValueError(f"{op}: {len(spans)} requests but block_table has {block_table.shape[0]} rows")
-    for name, cache in (("key", key), ("value", value), ("key_rope", key_rope)):
-        if cache is not None and cache.dim() != 3:
-            refuse(
-                op,
-                name,
-                f"shape {tuple(cache.shape)}: only the BnBsH cache layout is modelled (not BnNBsD or NZ)",
-            )
-    if block_size <= 0 or key.shape[1] != block_size:
-        raise ValueError(f"{op}: key of shape {tuple(key.shape)} is not paged with block_size {block_size}")
+    if block_table is None:
+        kvs = _contiguous_kv(op, input_layout, key, value, key_rope, kv_lengths, kv_heads, len(spans))
+    else:
+        kvs = _paged_kv(op, key, value, key_rope, kv_lengths, block_table, block_size, kv_heads, len(spans))
 
     # the mask. One query per request without rope ignores sparse_mode (the document's special
     # constraint), so it sees its whole KV, as a causal query at the end of its KV does; an explicit
@@ -199,30 +275,29 @@ def _fused_infer_attention(
     else:
         refuse(op, "sparse_mode", f"{sparse_mode} (modelled: 0, 2, 3)")
 
-    out = torch.zeros(tokens.shape[0], heads, value.shape[-1] // kv_heads, dtype=torch.float32)
+    v_dim = kvs[0][1].shape[-1] if kvs else value.shape[-1] // kv_heads
+    out = torch.zeros(tokens.shape[0], heads, v_dim, dtype=torch.float32)
     lse = torch.zeros(tokens.shape[0], heads, dtype=torch.float32)
-    for b, ((start, end), kv_len) in enumerate(zip(spans, kv_lens)):
+    for (start, end), (k, v, k_rope) in zip(spans, kvs):
         if end == start:
             continue
-        k = paged_tokens(key, block_table[b], kv_len, kv_heads)
-        v = paged_tokens(value, block_table[b], kv_len, kv_heads)
         q = tokens[start:end]
         if query_rope is not None:
             q = torch.cat([q, rope_tokens[start:end]], dim=-1)
-            k = torch.cat([k, paged_tokens(key_rope, block_table[b], kv_len, kv_heads)], dim=-1)
+            k = torch.cat([k, k_rope], dim=-1)
         if q.shape[-1] != k.shape[-1]:
             raise ValueError(f"{op}: query head dim {q.shape[-1]} != key head dim {k.shape[-1]}")
         out[start:end], lse[start:end] = attend(q, k, v, scale, causal)
 
     if input_layout == "TND":
-        return out.to(query.dtype), lse[..., None].to(query.dtype)
+        return out.to(query.dtype), lse[..., None]
     shaped = out.reshape(batch, seq, heads, -1)
     lse_bnsd = lse.reshape(batch, seq, heads).transpose(1, 2)[..., None]
     if input_layout == "BSH":
         shaped = shaped.reshape(batch, seq, -1)
     elif input_layout == "BNSD":
         shaped = shaped.transpose(1, 2)
-    return shaped.to(query.dtype), lse_bnsd.to(query.dtype)
+    return shaped.to(query.dtype), lse_bnsd
 
 
 def npu_fused_infer_attention_score(
@@ -249,23 +324,26 @@ def npu_fused_infer_attention_score(
     softmax_lse_flag: bool = False,
     **unmodelled: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch_npu.npu_fused_infer_attention_score`` over a paged KV cache.
+    """``torch_npu.npu_fused_infer_attention_score``.
 
     * layouts: ``TND`` (``query (T, N, D)``, ``actual_seq_lengths`` the *cumulative* ends of the
       requests), ``BSH`` ``(B, S, N*D)``, ``BSND``, ``BNSD`` (``actual_seq_lengths`` per batch,
-      default S; one value is shared by all). ``key``/``value``: ``(blocks, block_size, N_kv * D)``;
-      ``actual_seq_lengths_kv[b]`` is request ``b``'s KV length.
+      default S; one value is shared by all).
+    * K/V paged (``block_table`` set): ``(blocks, block_size, N_kv * D)``,
+      ``actual_seq_lengths_kv[b]`` request ``b``'s KV length. Not paged: K/V in the query's
+      layout, ``actual_seq_lengths_kv`` cumulative in TND, per batch otherwise.
     * ``sparse_mode=3`` (rightDownCausal): query ``i`` of a request with ``n`` queries and ``L``
       KV tokens sees KV ``j <= L - n + i``; ``2`` (leftUpCausal): ``j <= i``; both take the fixed
       compressed (2048, 2048) causal ``atten_mask``. ``0`` without mask or band: the whole KV.
       One query per request without rope: ``sparse_mode`` is ignored (the document).
     * MLA: ``query_rope``/``key_rope`` extend the query and key dims (scores over both);
-      ``value`` (the latent cache) gives the output.
+      ``value`` gives the output.
     * ``inner_precise`` 0/1 choose precision/speed on the device; the reference is float32 either way.
 
-    Returns ``(attention_out, softmax_lse)`` in the query's dtype: out in the query layout with
-    ``D = value dim``; lse ``(T, N, 1)`` (TND) or ``(B, N, S, 1)``, computed whatever
-    ``softmax_lse_flag`` says. Quantization, prefixes, ``pse_shift`` and other masks are refused.
+    Returns ``(attention_out, softmax_lse)``: out in the query's layout and dtype with
+    ``D = value dim``; lse float32 ``(T, N, 1)`` (TND) or ``(B, N, S, 1)``, computed whatever
+    ``softmax_lse_flag`` says (-inf for a query that sees no key). Quantization, shared prefixes,
+    ``pse_shift`` and other masks are refused.
     """
     refuse_given(_FIA, unmodelled)
     if antiquant_mode:
@@ -392,6 +470,31 @@ def npu_fused_infer_attention_score_v2(
         sparse_mode=sparse_mode,
         block_size=block_size,
     )
+
+
+def npu_attention_update(
+    lse: Sequence[torch.Tensor], local_out: Sequence[torch.Tensor], update_type: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``torch_npu.npu_attention_update``: partial attention outputs ``O_i`` (``(rows, D)``) over
+    disjoint key sets, with their log-sum-exps ``lse_i`` (``(rows,)``, float32), merged:
+    ``lse_m = log(sum_i exp(lse_i))``, ``O = sum_i O_i * exp(lse_i - lse_m)``. Returns ``(O, lse_m)``
+    in ``local_out``'s dtype (``lse_m`` only with ``update_type`` 1).
+
+    sglang: the MLA prefill with a cached prefix merges the attention over the new tokens with the
+    attention over the prefix (``forward_extend``), and context-parallel prefill merges ranks."""
+    op = "npu_attention_update"
+    if update_type not in (0, 1):
+        refuse(op, "update_type", f"{update_type} (documented: 0 or 1)")
+    if not lse or len(lse) != len(local_out):
+        raise ValueError(f"{op}: {len(lse)} lse tensors for {len(local_out)} outputs")
+    stacked_lse = torch.stack([x.float().reshape(-1) for x in lse])  # (SP, rows)
+    outs = torch.stack([o.float() for o in local_out])  # (SP, rows, D)
+    if outs.shape[1] != stacked_lse.shape[1]:
+        raise ValueError(f"{op}: lse rows {stacked_lse.shape[1]} != out rows {outs.shape[1]}")
+    merged_lse = torch.logsumexp(stacked_lse, dim=0)
+    weights = torch.exp(stacked_lse - merged_lse).nan_to_num(0.0)  # all -inf rows: no contribution
+    merged = (outs * weights[..., None]).sum(dim=0).to(local_out[0].dtype)
+    return merged, merged_lse if update_type == 1 else None
 
 
 def _lengths(op: str, name: str, value: torch.Tensor | Sequence[int] | None) -> list[int]:
@@ -588,6 +691,7 @@ KERNELS = {
     "npu_fused_infer_attention_score_v2": npu_fused_infer_attention_score_v2,
     "_npu_fused_infer_attention_score_get_max_workspace": _npu_fused_infer_attention_score_get_max_workspace,
     "_npu_paged_attention": _npu_paged_attention,
+    "npu_attention_update": npu_attention_update,
     "_npu_paged_attention_mla": _npu_paged_attention_mla,
     "_npu_flash_attention_qlens": _npu_flash_attention_qlens,
     "_npu_flash_attention_unpad": _npu_flash_attention_unpad,
