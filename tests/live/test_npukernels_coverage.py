@@ -33,8 +33,7 @@ DENSE_PATH = (
 
 # Kernels named in those modules on branches the dense path does not take, without a reference yet.
 KNOWN_GAPS = {
-    # DeepSeek-V3.2 sparse attention (forward_sparse, taken only with indexer topk_indices)
-    "npu_sparse_flash_attention",
+    # DeepSeek-V3.2 sparse attention over a quantized KV cache (forward_sparse)
     "npu_kv_quant_sparse_flash_attention",
     # int8 KV cache quantization (the quantized KV pools); unquantized dtypes only so far
     "npu_dynamic_quant",

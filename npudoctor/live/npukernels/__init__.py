@@ -33,9 +33,22 @@ from npudoctor.live.npukernels import (
     quant,
     rope,
     sampling,
+    sparseattention,
 )
 
-FAMILIES = (attention, kvcache, norm, rope, nonlinearity, sampling, devicememory, moe, mla, quant)
+FAMILIES = (
+    attention,
+    kvcache,
+    norm,
+    rope,
+    nonlinearity,
+    sampling,
+    devicememory,
+    moe,
+    mla,
+    sparseattention,
+    quant,
+)
 
 
 def _merged(table: str) -> dict[str, Callable[..., Any]]:
