@@ -55,6 +55,11 @@ def paged_tokens(cache: torch.Tensor, table_row: torch.Tensor, length: int, head
     return cache[rows].reshape(blocks * block_size, heads, -1)[:length]
 
 
+def causally_visible(n: int, length: int, offset: int) -> torch.Tensor:
+    """``(n, length)``: query ``i`` sees KV ``j <= offset + i`` (rightDownCausal: ``offset = L - n``)."""
+    return torch.arange(length)[None, :] <= (offset + torch.arange(n))[:, None]
+
+
 def attend(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, causal: str | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +79,7 @@ def attend(
     v = value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query.float(), k) * scale
     if causal is not None:
-        offset = length - n if causal == "right_down" else 0
-        visible = torch.arange(length)[None, :] <= (offset + torch.arange(n))[:, None]
+        visible = causally_visible(n, length, length - n if causal == "right_down" else 0)
         scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (N, n)
     weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
@@ -497,10 +501,18 @@ def npu_attention_update(
     return merged, merged_lse if update_type == 1 else None
 
 
-def _lengths(op: str, name: str, value: torch.Tensor | Sequence[int] | None) -> list[int]:
+def int_list(value: torch.Tensor | Sequence[int] | None) -> list[int] | None:
+    """Lengths given as a tensor or a list (sglang passes both), as a list of ints."""
     if value is None:
-        raise ValueError(f"{op}: {name} is required")
+        return None
     return [int(x) for x in (value.tolist() if isinstance(value, torch.Tensor) else value)]
+
+
+def _lengths(op: str, name: str, value: torch.Tensor | Sequence[int] | None) -> list[int]:
+    lengths = int_list(value)
+    if lengths is None:
+        raise ValueError(f"{op}: {name} is required")
+    return lengths
 
 
 def _paged_caches(

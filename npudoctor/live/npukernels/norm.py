@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from npudoctor.live.npukernels.rope import is_power_of_two
+from npudoctor.live.npukernels.rope import is_power_of_two, rotate_half, rotate_interleaved
 from npudoctor.live.npukernels.unmodelled import refuse
 
 
@@ -141,10 +141,7 @@ def split_qkv_rmsnorm_rope(
             if bias is not None:
                 heads = heads + bias.float()
         rot, passed = heads[..., :rope_dim], heads[..., rope_dim:]
-        if is_neox_style:
-            rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-        else:
-            rotated = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
+        rotated = rotate_half(rot) if is_neox_style else rotate_interleaved(rot)
         rot = rot * cos_t + rotated * sin_t
         return torch.cat((rot, passed), dim=-1).reshape(x.shape).to(input.dtype)
 

@@ -20,19 +20,13 @@ from typing import Any
 
 import torch
 
-from npudoctor.live.npukernels.attention import paged_tokens
+from npudoctor.live.npukernels.attention import causally_visible, int_list, paged_tokens
 from npudoctor.live.npukernels.unmodelled import refuse, refuse_given
 
 _UNBOUNDED = 2**63 - 1
 _INDEXER_DIM = 128  # the document: query and key D equal 128
 _SFA_DIM, _SFA_ROPE_DIM = 512, 64  # the document: query/key/value D 512, rope D 64
 _PADDING = -1
-
-
-def _ints(value: torch.Tensor | Sequence[int] | None) -> list[int] | None:
-    if value is None:
-        return None
-    return [int(x) for x in (value.tolist() if isinstance(value, torch.Tensor) else value)]
 
 
 def _query_spans(
@@ -76,7 +70,7 @@ def _visible(n: int, length: int, sparse_mode: int) -> torch.Tensor:
     """``(n, length)``: which KV positions each query of a request sees (3: rightDownCausal)."""
     if sparse_mode == 0:
         return torch.ones(n, length, dtype=torch.bool)
-    return torch.arange(length)[None, :] <= (length - n + torch.arange(n))[:, None]
+    return causally_visible(n, length, length - n)
 
 
 def npu_lightning_indexer(
@@ -114,8 +108,8 @@ def npu_lightning_indexer(
             "query/key",
             f"shapes {tuple(query.shape)}/{tuple(key.shape)}; the document requires D 128 and one key head",
         )
-    tokens, spans = _query_spans(op, query, layout_query, _ints(actual_seq_lengths_query))
-    kv_lens = _paged_keys(op, layout_key, block_table, _ints(actual_seq_lengths_key), len(spans))
+    tokens, spans = _query_spans(op, query, layout_query, int_list(actual_seq_lengths_query))
+    kv_lens = _paged_keys(op, layout_key, block_table, int_list(actual_seq_lengths_key), len(spans))
     w = weights.reshape(tokens.shape[0], tokens.shape[1]).float()
     indices = torch.full((tokens.shape[0], 1, sparse_count), _PADDING, dtype=torch.int32)
     values = torch.zeros(tokens.shape[0], 1, sparse_count, dtype=query.dtype)
@@ -192,13 +186,13 @@ def npu_sparse_flash_attention(
         or (key_rope is not None and key_rope.shape[-1] != _SFA_ROPE_DIM)
     ):
         refuse(op, "key", f"shape {tuple(key.shape)}; the document requires one KV head of D 512 (rope 64)")
-    tokens, spans = _query_spans(op, query, layout_query, _ints(actual_seq_lengths_query))
+    tokens, spans = _query_spans(op, query, layout_query, int_list(actual_seq_lengths_query))
     rope_tokens = (
         None
         if query_rope is None
-        else _query_spans(op, query_rope, layout_query, _ints(actual_seq_lengths_query))[0]
+        else _query_spans(op, query_rope, layout_query, int_list(actual_seq_lengths_query))[0]
     )
-    kv_lens = _paged_keys(op, layout_kv, block_table, _ints(actual_seq_lengths_kv), len(spans))
+    kv_lens = _paged_keys(op, layout_kv, block_table, int_list(actual_seq_lengths_kv), len(spans))
     rows = sparse_indices.reshape(tokens.shape[0], -1).long()
     heads = tokens.shape[1]
     out = torch.zeros(tokens.shape[0], heads, value.shape[-1], dtype=torch.float32)
