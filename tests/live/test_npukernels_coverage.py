@@ -108,6 +108,10 @@ def test_every_sgl_kernel_npu_function_on_the_0_5_23_dense_path_has_a_reference_
     assert "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope" in imported
 
 
+def test_the_known_quantization_gaps_are_installed_to_refuse():
+    assert {"npu_dynamic_quant", "npu_kv_quant_sparse_flash_attention"} <= REFUSED
+
+
 def test_no_known_gap_has_a_reference():
     assert not KNOWN_GAPS & (KERNELS.keys() - REFUSED)
     assert not KNOWN_SGL_KERNEL_NPU_GAPS & SGL_KERNEL_NPU.keys()
