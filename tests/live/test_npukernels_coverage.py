@@ -120,3 +120,17 @@ def test_no_known_gap_has_a_reference():
 def test_a_quantized_kernel_is_installed_but_refuses_by_saying_so():
     with pytest.raises(NotImplementedError, match="quantization"):
         KERNELS["npu_dynamic_quant"](torch.zeros(2, 2))
+
+
+def test_the_simulated_runtime_installs_every_reference_under_its_name():
+    """What sglang calls (``torch_npu.X``, ``torch.ops.npu.X``, FIA's ``.out``) is the reference."""
+    import importlib
+
+    from npudoctor.live import npusim
+
+    with npusim.simulated_npu():
+        standin = importlib.import_module("torch_npu")
+        with npusim.npu_runtime():
+            for name, kernel in KERNELS.items():
+                assert getattr(standin, name) is kernel and getattr(torch.ops.npu, name) is kernel
+            assert callable(standin.npu_fused_infer_attention_score.out)
