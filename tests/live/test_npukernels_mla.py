@@ -8,7 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from npudoctor.live.npukernels.attention import _npu_paged_attention_mla
-from npudoctor.live.npukernels.mla import npu_kv_rmsnorm_rope_cache, npu_transpose_batchmatmul
+from npudoctor.live.npukernels.mla import (
+    batch_matmul_transpose,
+    npu_kv_rmsnorm_rope_cache,
+    npu_transpose_batchmatmul,
+)
 
 
 def test_paged_attention_mla_uses_the_latent_part_of_the_cache_as_value():
@@ -73,6 +77,14 @@ def test_transpose_batchmatmul_is_the_per_head_projection():
     torch.testing.assert_close(out, torch.einsum("tnd,ndr->tnr", q, w))
 
 
+def test_batch_matmul_transpose_is_the_same_projection_written_in_place():
+    torch.manual_seed(3)
+    a, b = torch.randn(5, 3, 8), torch.randn(3, 8, 6)
+    out = torch.empty(5, 3, 6)
+    batch_matmul_transpose(a, b, out)
+    torch.testing.assert_close(out, npu_transpose_batchmatmul(a, b, perm_x1=(1, 0, 2)))
+
+
 @pytest.mark.parametrize(
     "call, argument",
     [
@@ -101,6 +113,12 @@ def test_transpose_batchmatmul_is_the_per_head_projection():
                 cache_mode="PA_NZ",
             ),
             "cache_mode",
+        ),
+        (
+            lambda: batch_matmul_transpose(
+                torch.randn(1025, 1, 2), torch.randn(1, 2, 2), torch.empty(1025, 1, 2)
+            ),
+            "tensor_a",
         ),
         (
             lambda: npu_transpose_batchmatmul(

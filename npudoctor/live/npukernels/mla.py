@@ -2,12 +2,13 @@
 
 Documents followed: the torch_npu custom-API reference in Ascend/op-plugin
 (``docs/zh/custom_APIs/torch_npu/torch_npu-npu_kv_rmsnorm_rope_cache.md``,
-``torch_npu-npu_transpose_batchmatmul.md``).
+``torch_npu-npu_transpose_batchmatmul.md``); sgl-kernel-npu's ``csrc/batch_matmul_transpose/README.md``
+for the custom op it registers as ``torch.ops.npu.batch_matmul_transpose``.
 
 Call sites: sglang ``srt/hardware_backend/npu/modules/deepseek_v2_attention_mla_npu.py``
 (0.5.12-0.5.23): the latent KV's norm, rope and cache write with DeepSeek YaRN rope
 (``npu_kv_rmsnorm_rope_cache``, ``cache_mode="PA_BNSD"``), and the absorbed ``w_kc``/``w_vc``
-projections (``npu_transpose_batchmatmul``).
+projections (``npu_transpose_batchmatmul``; ``batch_matmul_transpose`` when a dimension reaches 65536).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from npudoctor.live.npukernels.unmodelled import refuse, refuse_given
 # the document: hidden_size 576 = rms_size 512 (the latent) + rope_size 64, no other sizes
 _RMS_SIZE, _ROPE_SIZE = 512, 64
 _PAGED_MODES = ("PA", "PA_BNSD")
+_BMM_TRANSPOSE_MAX_M = 1024  # sgl-kernel-npu batch_matmul_transpose README: "m <= 1024"
 
 
 def npu_kv_rmsnorm_rope_cache(
@@ -118,7 +120,40 @@ def npu_transpose_batchmatmul(
     return torch.bmm(a, weight.float()).permute(*perm_y).to(input.dtype)
 
 
+def batch_matmul_transpose(
+    tensor_a: torch.Tensor,
+    tensor_b: torch.Tensor,
+    tensor_c: torch.Tensor,
+    format_mode: str | None = None,
+    quant_mode: str | None = None,
+) -> None:
+    """``torch.ops.npu.batch_matmul_transpose`` (sgl-kernel-npu): ``tensor_c[m, b] =
+    tensor_a[m, b] @ tensor_b[b]``, i.e. ``[m, b, n] = [m, b, k] x [b, k, n]``, written in place.
+
+    Refused: the NZ weight format and quantization, and ``m`` above the README's limit of 1024
+    (what the kernel does there is not documented; sglang takes this op when a dimension reaches
+    65536)."""
+    op = "batch_matmul_transpose"
+    refuse_given(op, {"quant_mode": quant_mode})
+    if format_mode not in (None, "ND"):
+        refuse(op, "format_mode", f"{format_mode!r} (modelled: ND)")
+    if (
+        tensor_a.dim() != 3
+        or tensor_b.dim() != 3
+        or tensor_a.shape[1] != tensor_b.shape[0]
+        or tensor_a.shape[2] != tensor_b.shape[1]
+    ):
+        raise ValueError(
+            f"{op}: tensor_a {tuple(tensor_a.shape)} and tensor_b {tuple(tensor_b.shape)} are not [m, b, k] and [b, k, n]"
+        )
+    if tensor_a.shape[0] > _BMM_TRANSPOSE_MAX_M:
+        refuse(op, "tensor_a", f"m = {tensor_a.shape[0]} above the README's limit of {_BMM_TRANSPOSE_MAX_M}")
+    result = torch.einsum("mbk,bkn->mbn", tensor_a.float(), tensor_b.float())
+    tensor_c.copy_(result.reshape(tensor_c.shape).to(tensor_c.dtype))
+
+
 KERNELS = {
+    "batch_matmul_transpose": batch_matmul_transpose,
     "npu_kv_rmsnorm_rope_cache": npu_kv_rmsnorm_rope_cache,
     "npu_transpose_batchmatmul": npu_transpose_batchmatmul,
 }
