@@ -35,6 +35,8 @@ DENSE_PATH = (
 KNOWN_GAPS = {
     # DeepSeek-V3.2 sparse attention over a quantized KV cache (forward_sparse)
     "npu_kv_quant_sparse_flash_attention",
+    # named in a comment of the backend's metadata; DeepSeek-V4's shared-KV sparse attention calls it
+    "sparse_attn_sharedkv_metadata_host",
     # int8 KV cache quantization (the quantized KV pools); unquantized dtypes only so far
     "npu_dynamic_quant",
 }
@@ -50,7 +52,8 @@ KNOWN_SGL_KERNEL_NPU_GAPS = {
     "sgl_kernel_npu.activation.situ.situ_and_mul",
 }
 
-CALLED = re.compile(r"\b(?:torch_npu|torch\.ops\.npu)\.(_?npu_\w+)")
+# torch_npu.npu_* / torch_npu._npu_*, and every op registered under torch.ops.npu (sgl-kernel-npu adds some)
+CALLED = re.compile(r"\btorch_npu\.(_?npu_\w+)|\btorch\.ops\.npu\.(\w+)")
 
 
 def dense_path_files(sglang: Path) -> list[Path]:
@@ -68,7 +71,8 @@ def kernels_named(sglang: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for file in dense_path_files(sglang):
         for number, line in enumerate(file.read_text().splitlines(), 1):
-            for name in CALLED.findall(line):
+            for match in CALLED.finditer(line):
+                name = match.group(1) or match.group(2)
                 found.setdefault(name, []).append(f"{file.relative_to(sglang)}:{number}")
     return found
 
