@@ -36,7 +36,7 @@ from npudoctor.live.npukernels import (
     sparseattention,
 )
 
-FAMILIES = (
+_FAMILIES = (
     attention,
     kvcache,
     norm,
@@ -54,7 +54,7 @@ FAMILIES = (
 def _merged(table: str) -> dict[str, Callable[..., Any]]:
     """The families' ``table`` dicts in one; a name two families define is an error."""
     kernels: dict[str, Callable[..., Any]] = {}
-    for family in FAMILIES:
+    for family in _FAMILIES:
         for name, kernel in getattr(family, table, {}).items():
             if name in kernels:
                 raise RuntimeError(f"two references for {name}: {family.__name__} and another family")
