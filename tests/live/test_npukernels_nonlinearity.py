@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from npudoctor.live.npukernels.nonlinearity import npu_fast_gelu, npu_geglu, npu_swiglu
+from npudoctor.live.npukernels.nonlinearity import npu_clipped_swiglu, npu_fast_gelu, npu_geglu, npu_swiglu
 
 
 def test_swiglu_is_silu_of_the_first_half_times_the_second():
@@ -41,3 +41,20 @@ def test_fast_gelu_is_the_a2_a3_formula():
 def test_geglu_refuses_an_undocumented_approximation():
     with pytest.raises(NotImplementedError, match="approximate"):
         npu_geglu(torch.randn(2, 4), approximate=2)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_clipped_swiglu_clamps_then_gates(interleaved):
+    """DeepSeek's MLP with swiglu_limit: gate clamped above, up clamped both ways."""
+    torch.manual_seed(2)
+    x = torch.randn(4, 12) * 6
+    gate, up = (x[:, ::2], x[:, 1::2]) if interleaved else (x[:, :6], x[:, 6:])
+    gate, up = torch.minimum(gate, torch.tensor(5.0)), up.clamp(-5.0, 5.0)
+    expected = gate / (1 + torch.exp(-gate)) * up
+    out = npu_clipped_swiglu(x, alpha=1, limit=5.0, bias=0, interleaved=interleaved)
+    torch.testing.assert_close(out, expected)
+
+
+def test_clipped_swiglu_refuses_the_grouped_form():
+    with pytest.raises(NotImplementedError, match="group_index"):
+        npu_clipped_swiglu(torch.randn(4, 8), group_index=torch.tensor([2, 1]))

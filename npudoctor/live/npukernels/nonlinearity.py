@@ -1,7 +1,7 @@
 """CPU references of the gated-activation kernels sglang's NPU forwards call.
 
 Documents followed: the torch_npu custom-API reference in Ascend/op-plugin
-(``docs/zh/custom_APIs/torch_npu/torch_npu-npu_fast_gelu.md``; ``npu_swiglu`` and ``npu_geglu``
+(``docs/zh/custom_APIs/torch_npu/torch_npu-npu_fast_gelu.md``, ``torch_npu-npu_clipped_swiglu.md``; ``npu_swiglu`` and ``npu_geglu``
 by their schemas in ``op_plugin/config/op_plugin_functions.yaml`` and the SwiGlu/GeGlu formulas of
 the CANN operator reference: the input is split into two halves ``A, B`` along ``dim``;
 SwiGlu is ``silu(A) * B``; GeGlu activates the left half when ``activate_left`` else the right one,
@@ -9,7 +9,8 @@ SwiGlu is ``silu(A) * B``; GeGlu activates the left half when ``activate_left`` 
 
 Call sites: sglang ``srt/layers/activation.py`` ``SiluAndMul.forward_npu`` (swiglu),
 ``GeluAndMul.forward_npu`` (geglu, ``activate_left=True``), ``QuickGELU.forward_npu``
-(fast_gelu), 0.5.4-0.5.23; ``npu_swiglu`` also in the NPU MoE expert MLP (``torch.ops.npu``).
+(fast_gelu), 0.5.4-0.5.23; ``npu_swiglu`` also in the NPU MoE expert MLP (``torch.ops.npu``);
+``npu_clipped_swiglu`` in ``models/deepseek_v2.py``'s MLP with a ``swiglu_limit`` (0.5.20-0.5.23).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from npudoctor.live.npukernels.unmodelled import refuse
+from npudoctor.live.npukernels.unmodelled import refuse, refuse_given
 
 
 def _halves(op: str, x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +53,32 @@ def npu_fast_gelu(input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - the docu
     return (x * torch.sigmoid(1.702 * x)).to(input.dtype)
 
 
+def npu_clipped_swiglu(
+    x: torch.Tensor,
+    *,
+    group_index: torch.Tensor | None = None,
+    dim: int = -1,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    bias: float = 1.0,
+    interleaved: bool = True,
+) -> torch.Tensor:
+    """``torch_npu.npu_clipped_swiglu``: ``x`` split along ``dim`` into ``A, B`` (even/odd
+    elements if ``interleaved``, else halves); ``A = A.clamp(max=limit)``,
+    ``B = B.clamp(-limit, limit)``; ``y = A * sigmoid(alpha * A) * (B + bias)``, in float32, in
+    ``x``'s dtype. The grouped form (``group_index``, rows past its sum left undefined) is refused."""
+    op = "npu_clipped_swiglu"
+    refuse_given(op, {"group_index": group_index})
+    if x.dim() < 2 or x.shape[dim] % 2:
+        raise ValueError(f"{op}: x of shape {tuple(x.shape)} has no even dim {dim} to split")
+    xf = x.float().movedim(dim, -1)
+    a, b = (xf[..., ::2], xf[..., 1::2]) if interleaved else xf.chunk(2, dim=-1)
+    a, b = a.clamp(max=limit), b.clamp(-limit, limit)
+    return (a * torch.sigmoid(alpha * a) * (b + bias)).movedim(-1, dim).to(x.dtype)
+
+
 KERNELS = {
+    "npu_clipped_swiglu": npu_clipped_swiglu,
     "npu_swiglu": npu_swiglu,
     "npu_geglu": npu_geglu,
     "npu_fast_gelu": npu_fast_gelu,
