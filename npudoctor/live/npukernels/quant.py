@@ -36,6 +36,7 @@ QUANTIZED_KERNELS = (
     "npu_trans_quant_param",
     "npu_transpose_quant_batchmatmul",
     "npu_weight_quant_batchmatmul",
+    "swiglu_group_quant",  # sgl-kernel-npu, registered under torch.ops.npu
 )
 
 
