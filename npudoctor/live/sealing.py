@@ -257,6 +257,11 @@ _STAND_FOR_THE_HOST = frozenset(
 )
 
 
+def _stands_for_the_host(module: str) -> bool:
+    """``module`` is one of ``_STAND_FOR_THE_HOST`` or inside it (the kernel references are a package)."""
+    return any(module == name or module.startswith(name + ".") for name in _STAND_FOR_THE_HOST)
+
+
 class ProbeOwnError(RuntimeError):
     """A probe's ``fail`` rested on an exception npudoctor's own code raised (a call the probe made
     that could not bind, an assumption of its own): npudoctor's defect, reported as the check's
@@ -272,7 +277,7 @@ def raised_by_npudoctor(error: BaseException) -> str | None:
     while tb.tb_next is not None:
         tb = tb.tb_next
     module = str(tb.tb_frame.f_globals.get("__name__", ""))
-    if module.split(".")[0] != "npudoctor" or module in _STAND_FOR_THE_HOST:
+    if module.split(".")[0] != "npudoctor" or _stands_for_the_host(module):
         return None
     return f"{module}:{tb.tb_lineno}"
 

@@ -39,3 +39,15 @@ def test_an_exception_of_the_code_it_called_stays_its_fail():
     assert sealing.raised_by_npudoctor(raised.value) is None
     with sealing.watching():
         assert sealing.judged(failed_on(raised.value)).status is Status.FAIL
+
+
+def test_an_exception_a_kernel_reference_raised_answers_for_its_caller():
+    """The CPU kernel references stand for the Ascend host (a package, one module per op family):
+    a kernel rejecting its arguments is the caller's misuse, not npudoctor's own error."""
+    import torch
+
+    from npudoctor.live.npukernels.norm import npu_rms_norm
+
+    with pytest.raises(ValueError) as raised:
+        npu_rms_norm(torch.zeros(2, 4), torch.zeros(3))
+    assert sealing.raised_by_npudoctor(raised.value) is None
