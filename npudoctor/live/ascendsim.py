@@ -267,9 +267,11 @@ def leaked(error: BaseException) -> bool:
 
 
 def _kernel_references() -> dict[str, Callable[..., Any]]:
-    from npudoctor.live.npukernels import KERNELS
+    """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name."""
+    from npudoctor.live.npukernels import KERNELS, SGL_KERNEL_NPU
 
     references = {f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()}
+    references.update(SGL_KERNEL_NPU)
     references.update({f"torch.ops.npu.{name}": kernel for name, kernel in KERNELS.items()})
     return references
 
