@@ -255,9 +255,16 @@ def leaked(error: BaseException) -> bool:
 
 def _kernel_references() -> dict[str, Callable[..., Any]]:
     from npudoctor.live.npukernels import KERNELS
+    from npudoctor.live.npukernels_dryrun import DRY_RUN_KERNELS
 
     references = {f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()}
-    references.update({f"torch.ops.npu.{name}": kernel for name, kernel in KERNELS.items()})
+    references.update(DRY_RUN_KERNELS)
+    ops = {
+        name.removeprefix("torch_npu."): kernel
+        for name, kernel in references.items()
+        if name.startswith("torch_npu.")
+    }
+    references.update({f"torch.ops.npu.{name}": kernel for name, kernel in ops.items()})
     return references
 
 

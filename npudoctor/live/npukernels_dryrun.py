@@ -1,0 +1,131 @@
+"""CPU references of the Ascend ops the dry run's model forwards call (torch_npu's and sgl-kernel-npu's).
+
+The dry run (``ascendsim``) answers every Ascend call sglang makes while it serves a small model
+with a plain PyTorch implementation of the op's documented semantics (each reference cites its
+document). A reference models exactly the argument forms sglang passes and raises
+``NotImplementedError`` naming the argument otherwise, so a call outside that subset is a
+simulation gap, never a silent pass.
+
+``DRY_RUN_KERNELS`` is keyed by the name as sglang reaches it: ``torch_npu.<op>`` (also answered as
+``torch.ops.npu.<op>``, the same op's dispatcher name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _rms_normalised(
+    x: torch.Tensor, gamma: torch.Tensor, epsilon: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x / sqrt(mean(x^2) + eps) * gamma`` over the trailing dims ``gamma`` covers, computed in
+    float32 as the kernel does; returns ``(y in x's dtype, rstd in float32)``."""
+    if gamma.dim() == 0 or tuple(x.shape[-gamma.dim() :]) != tuple(gamma.shape):
+        raise ValueError(
+            f"gamma of shape {tuple(gamma.shape)} does not match the trailing dims of x {tuple(x.shape)}"
+        )
+    dims = tuple(range(x.dim() - gamma.dim(), x.dim()))
+    values = x.float()
+    rstd = torch.rsqrt(values.pow(2).mean(dim=dims, keepdim=True) + epsilon)
+    return (values * rstd * gamma.float()).to(x.dtype), rstd
+
+
+def npu_rms_norm(
+    self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)``
+    (Ascend PyTorch API reference, "(beta) torch_npu.npu_rms_norm", hiascend.com
+    Pytorch/700/apiref/apilist/ptaoplist_000860): ``RmsNorm(x)_i = x_i / Rms(x) * g_i`` with
+    ``Rms(x) = sqrt(mean(x^2) + eps)`` over the dims ``gamma`` covers; the outputs are the normalised
+    ``y`` and ``rstd = 1 / Rms(x)`` (float32, kept dims)."""
+    return _rms_normalised(self, gamma, epsilon)
+
+
+def npu_add_rms_norm(
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) ->
+    (Tensor, Tensor, Tensor)`` (the AddRmsNorm operator, CANN ``aclnnAddRmsNorm``): the residual add
+    fused with RmsNorm: ``x = x1 + x2``, outputs ``(RmsNorm(x) * gamma, rstd, x)``; sglang's
+    ``RMSNorm.forward_npu`` passes the residual as ``x1`` and keeps ``y`` and ``x`` (the new
+    residual)."""
+    if x1.shape != x2.shape:
+        raise ValueError(f"npu_add_rms_norm: x1 {tuple(x1.shape)} and x2 {tuple(x2.shape)} differ in shape")
+    added = (x1.float() + x2.float()).to(x1.dtype)
+    y, rstd = _rms_normalised(added, gamma, epsilon)
+    return y, rstd, added
+
+
+def npu_swiglu(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch_npu.npu_swiglu(Tensor self, int dim=-1) -> Tensor`` (Ascend PyTorch API reference,
+    "(beta) torch_npu.npu_swiglu", hiascend.com Pytorch/600/apiref/apilist/ptaoplist_000834): ``A``
+    and ``B`` are the first and second halves of the input along ``dim`` (its size must be even);
+    the output is ``swish(A) * B = A * sigmoid(A) * B``, in the input's dtype."""
+    if self.shape[dim] % 2:
+        raise ValueError(f"npu_swiglu: dim {dim} of shape {tuple(self.shape)} is not even")
+    first, second = self.float().chunk(2, dim=dim)
+    return (torch.nn.functional.silu(first) * second).to(self.dtype)
+
+
+def npu_mrope(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    *,
+    mrope_section: list[int] | None = None,
+    rotary_mode: str = "half",
+    **unsupported: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_mrope`` (the RopeWithSinCosCache operator, CANN ``aclnnRopeWithSinCosCache``,
+    hiascend.com CANNCommunityEdition/850alpha002/API/aolapi/context/aclnnRopeWithSinCosCache.md) in
+    its rope mode: ``positions`` of shape ``(T,)`` (``mrope_section`` unset or all zeros, as
+    sglang's ``RotaryEmbedding.forward_npu`` passes it), ``cos_sin_cache`` of shape
+    ``(max_position, rotary_dim)`` holding ``[cos | sin]``; ``query``/``key`` are ``(T, heads *
+    head_size)`` and each head's first ``rotary_dim`` values are rotated, the rest pass through.
+    ``rotary_mode="half"`` (GPT-NeoX) rotates the two halves ``x1, x2``; ``"interleave"`` (GPT-J)
+    rotates the even and odd elements: ``(x1 cos - x2 sin, x2 cos + x1 sin)``. Computed in float32,
+    returned in the inputs' dtypes. The multimodal mode (positions ``(3, T)``) is not modelled."""
+    given = {k: v for k, v in unsupported.items() if v not in (None, "default")}
+    if given:
+        raise NotImplementedError(f"CPU reference of npu_mrope: unsupported {sorted(given)}")
+    if positions.dim() != 1 or any(mrope_section or ()):
+        raise NotImplementedError(
+            f"CPU reference of npu_mrope: only the rope mode (positions (T,), no mrope_section); got "
+            f"positions {tuple(positions.shape)}, mrope_section {mrope_section}"
+        )
+    if rotary_mode not in ("half", "interleave"):
+        raise NotImplementedError(f"CPU reference of npu_mrope: rotary_mode={rotary_mode!r}")
+    rotary_dim = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache.index_select(0, positions.long()).float().chunk(2, dim=-1)  # (T, rotary_dim / 2)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[0] != positions.shape[0] or x.shape[1] % head_size:
+            raise ValueError(
+                f"npu_mrope: {tuple(x.shape)} is not ({positions.shape[0]}, heads * {head_size})"
+            )
+        heads = x.float().reshape(x.shape[0], -1, head_size)
+        rotated, passed = heads[..., :rotary_dim], heads[..., rotary_dim:]
+        if rotary_mode == "half":
+            x1, x2 = rotated.chunk(2, dim=-1)
+            rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+            rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((rotated, passed), dim=-1).reshape(x.shape).to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
+# the name as sglang reaches it -> reference
+DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
+    "torch_npu.npu_rms_norm": npu_rms_norm,
+    "torch_npu.npu_add_rms_norm": npu_add_rms_norm,
+    "torch_npu.npu_swiglu": npu_swiglu,
+    "torch_npu.npu_mrope": npu_mrope,
+}
