@@ -122,10 +122,49 @@ def npu_mrope(
     return rotate(query), rotate(key)
 
 
+def _npu_reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_indices: torch.Tensor,
+) -> None:
+    """``torch_npu._npu_reshape_and_cache`` (ATB ``ReshapeAndCacheOperation``, CANN ascendtb API
+    reference, hiascend.com canncommercial/800/apiref/ascendtbapi/ascendtb_01_0073), in place, ND
+    caches: ``key``/``value`` are ``(num_tokens, num_heads, head_size)``, the caches ``(num_blocks,
+    block_size, num_heads, head_size)``, ``slot_indices`` int32 ``(num_tokens,)`` the slots
+    ``block_id * block_size + offset``; token ``i``'s key and value go to their cache's slot
+    ``slot_indices[i]`` (a negative slot is skipped, as the op's tests expect). The dtypes of the
+    four tensors must agree (the operation's constraint)."""
+    for name, tokens, cache in (("key", key, key_cache), ("value", value, value_cache)):
+        if tokens.dim() != 3 or cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(tokens.shape[1:]):
+            raise ValueError(
+                f"_npu_reshape_and_cache: {name} {tuple(tokens.shape)} does not fit its cache {tuple(cache.shape)}"
+                " ((num_tokens, heads, head_size) into (blocks, block_size, heads, head_size))"
+            )
+        if tokens.dtype != cache.dtype:
+            raise TypeError(f"_npu_reshape_and_cache: {name} is {tokens.dtype}, its cache {cache.dtype}")
+    if slot_indices.dtype != torch.int32 or tuple(slot_indices.shape) != (key.shape[0],):
+        raise TypeError(
+            f"_npu_reshape_and_cache: slot_indices {slot_indices.dtype} {tuple(slot_indices.shape)}, "
+            f"not int32 ({key.shape[0]},)"
+        )
+    slots = slot_indices.long()
+    kept = slots >= 0
+    for tokens, cache in ((key, key_cache), (value, value_cache)):
+        flat = cache.view(-1, *cache.shape[2:])
+        if kept.any() and int(slots[kept].max()) >= flat.shape[0]:
+            raise IndexError(
+                f"_npu_reshape_and_cache: slot {int(slots.max())} beyond the cache's {flat.shape[0]}"
+            )
+        flat[slots[kept]] = tokens[kept]
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
     "torch_npu.npu_add_rms_norm": npu_add_rms_norm,
     "torch_npu.npu_swiglu": npu_swiglu,
     "torch_npu.npu_mrope": npu_mrope,
+    "torch_npu._npu_reshape_and_cache": _npu_reshape_and_cache,
 }
