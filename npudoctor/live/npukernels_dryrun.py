@@ -160,6 +160,95 @@ def _npu_reshape_and_cache(
         flat[slots[kept]] = tokens[kept]
 
 
+def _paged_causal_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_lens: list[int],
+    kv_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Attention of each request's queries over its paged KV, causal aligned to the end of the KV
+    (the request's ``n`` queries are its last ``n`` tokens: query ``i`` sees KV tokens
+    ``j <= L - n + i``). ``query`` is ``(T, N, D)`` (requests one after another), the caches
+    ``(blocks, block_size, N_kv, D)``; request ``b``'s KV token ``j`` is in block
+    ``block_table[b, j // block_size]``; GQA: query head ``h`` reads KV head ``h // (N / N_kv)``.
+    Returns ``(T, N, Dv)`` float32."""
+    if len(query_lens) != len(kv_lens) or len(query_lens) > block_table.shape[0]:
+        raise ValueError(
+            f"{len(query_lens)} query lengths, {len(kv_lens)} KV lengths, block_table of {block_table.shape[0]} rows"
+        )
+    if sum(query_lens) != query.shape[0]:
+        raise ValueError(f"query lengths {query_lens} do not add up to the {query.shape[0]} query tokens")
+    heads, kv_heads, block_size = query.shape[1], key_cache.shape[2], key_cache.shape[1]
+    if heads % kv_heads or query.shape[2] != key_cache.shape[3]:
+        raise ValueError(f"query {tuple(query.shape)} does not fit the key cache {tuple(key_cache.shape)}")
+    out = torch.zeros(query.shape[0], heads, value_cache.shape[3], dtype=torch.float32)
+    start = 0
+    for b, (n, kv_len) in enumerate(zip(query_lens, kv_lens)):
+        if n > kv_len:
+            raise ValueError(f"request {b}: {n} queries but only {kv_len} KV tokens")
+        blocks = -(-kv_len // block_size)
+        if blocks > block_table.shape[1]:
+            raise ValueError(
+                f"request {b}: {kv_len} KV tokens need {blocks} blocks, block_table has {block_table.shape[1]}"
+            )
+        rows = block_table[b, :blocks].long()
+        k = key_cache[rows].flatten(0, 1)[:kv_len].float().repeat_interleave(heads // kv_heads, dim=1)
+        v = value_cache[rows].flatten(0, 1)[:kv_len].float().repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", query[start : start + n].float(), k) * scale
+        visible = torch.arange(kv_len)[None, :] <= (kv_len - n + torch.arange(n))[:, None]
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out[start : start + n] = torch.einsum("hqk,khd->qhd", weights, v)
+        start += n
+    return out
+
+
+def _npu_flash_attention_qlens(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    mask: torch.Tensor,
+    seq_len: torch.Tensor,
+    context_lens: torch.Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+    scale_value: float,
+    out: torch.Tensor,
+) -> None:
+    """``torch_npu._npu_flash_attention_qlens`` (op-plugin ``ops/atb/FlashAttentionQlensAtb.cpp``: ATB
+    ``SelfAttentionOperation`` with ``calcType=PREFIX_ENCODER``, ``maskType=MASK_TYPE_NORM_COMPRESS``,
+    ``isTriuMask=1``; CANN ascendtb API reference "SelfAttentionOperation"): a prefill over a paged
+    KV cache that already holds the new tokens. ``query`` ``(T, num_heads * D)`` (or ``(T, num_heads,
+    D)``), ``seq_len[b]`` request ``b``'s query tokens, ``context_lens[b]`` its KV tokens (prefix +
+    new), the caches ``(blocks, block_size, num_kv_heads, D)`` read through ``block_table``; causal
+    aligned to the end of each request's KV (the compressed upper-triangular ``mask`` is the fixed
+    mask that mode takes and carries no information). Scores are scaled by ``scale_value``. Writes
+    ``out`` ``(T, num_heads * Dv)``."""
+    if key_cache.dim() != 4 or value_cache.dim() != 4:
+        raise NotImplementedError(
+            f"CPU reference of _npu_flash_attention_qlens: caches {tuple(key_cache.shape)}, "
+            "not ND (blocks, block_size, heads, head_dim)"
+        )
+    if key_cache.shape[2] != num_kv_heads or query.numel() != query.shape[0] * num_heads * key_cache.shape[3]:
+        raise ValueError(
+            f"_npu_flash_attention_qlens: query {tuple(query.shape)} / key cache {tuple(key_cache.shape)} "
+            f"do not have {num_heads} / {num_kv_heads} heads of {key_cache.shape[3]}"
+        )
+    result = _paged_causal_attention(
+        query.reshape(query.shape[0], num_heads, -1),
+        key_cache,
+        value_cache,
+        block_table,
+        [int(n) for n in seq_len],
+        [int(n) for n in context_lens],
+        scale_value,
+    )
+    out.view(result.shape).copy_(result.to(out.dtype))
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -167,4 +256,5 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_swiglu": npu_swiglu,
     "torch_npu.npu_mrope": npu_mrope,
     "torch_npu._npu_reshape_and_cache": _npu_reshape_and_cache,
+    "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
 }
