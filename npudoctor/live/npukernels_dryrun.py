@@ -7,7 +7,9 @@ document). A reference models exactly the argument forms sglang passes and raise
 simulation gap, never a silent pass.
 
 ``DRY_RUN_KERNELS`` is keyed by the name as sglang reaches it: ``torch_npu.<op>`` (also answered as
-``torch.ops.npu.<op>``, the same op's dispatcher name).
+``torch.ops.npu.<op>``, the same op's dispatcher name) and ``sgl_kernel_npu.<module>.<function>``
+for sgl-kernel-npu's Python entry points (a function around its own Triton kernel: the reference
+is of the whole function, the kernel's source its documentation).
 """
 
 from __future__ import annotations
@@ -249,6 +251,76 @@ def _npu_flash_attention_qlens(
     out.view(result.shape).copy_(result.to(out.dtype))
 
 
+def split_qkv_rmsnorm_rope(
+    input: torch.Tensor,
+    sin: torch.Tensor,
+    cos: torch.Tensor,
+    q_hidden_size: int,
+    kv_hidden_size: int,
+    head_dim: int,
+    eps: float | None = None,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
+    is_neox_style: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sgl-kernel-npu ``sgl_kernel_npu/norm/split_qkv_rmsnorm_rope.py::split_qkv_rmsnorm_rope`` (its
+    Triton kernel's source is the documentation; sgl-project/sgl-kernel-npu f425bdf): ``input``
+    ``(T, q + 2 kv)`` is split into ``q``, ``k``, ``v``; when ``eps`` is given each head of ``q``
+    and ``k`` is RMS-normalised over ``head_dim`` and scaled by ``q_weight``/``k_weight`` (plus
+    ``q_bias``/``k_bias`` when given); then each head's first ``rope_dim = sin.shape[-1]`` values
+    are rotated with token ``t``'s row of ``sin``/``cos`` (``(T, ..., rope_dim)``, contiguous):
+    NeoX style ``x * cos + cat(-x2, x1) * sin`` over the halves ``x1, x2`` (``sin``/``cos`` used as
+    given), GPT-J style over the even/odd elements with the first half of ``sin``/``cos`` repeated
+    pairwise; ``v`` is copied. The kernel's own preconditions (``head_dim`` a power of two,
+    ``q`` a multiple of ``kv``) are asserted as it asserts them. Returns ``(q, k, v)`` in the
+    input's dtype."""
+    assert 1 << (head_dim - 1).bit_length() == head_dim
+    assert q_hidden_size % kv_hidden_size == 0
+    tokens = input.shape[0]
+    rope_dim = sin.shape[-1]
+    if input.dim() != 2 or input.shape[1] != q_hidden_size + 2 * kv_hidden_size:
+        raise ValueError(
+            f"split_qkv_rmsnorm_rope: input {tuple(input.shape)} is not (T, {q_hidden_size} + 2 * {kv_hidden_size})"
+        )
+    if sin.numel() != tokens * rope_dim or cos.numel() != tokens * rope_dim or rope_dim > head_dim:
+        raise ValueError(
+            f"split_qkv_rmsnorm_rope: sin {tuple(sin.shape)} / cos {tuple(cos.shape)} are not {tokens} rows of a rope dim <= {head_dim}"
+        )
+    sin_rows = sin.reshape(tokens, 1, rope_dim).float()
+    cos_rows = cos.reshape(tokens, 1, rope_dim).float()
+    if not is_neox_style:
+        half = rope_dim // 2
+        sin_rows = sin_rows[..., :half].repeat_interleave(2, dim=-1)
+        cos_rows = cos_rows[..., :half].repeat_interleave(2, dim=-1)
+    q, k, v = input.split([q_hidden_size, kv_hidden_size, kv_hidden_size], dim=-1)
+
+    def normalised_and_rotated(
+        x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        heads = x.float().reshape(tokens, -1, head_dim)
+        if eps is not None:
+            heads = heads * torch.rsqrt(heads.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+            if bias is not None:
+                heads = heads + bias.float()
+        rotated = heads[..., :rope_dim]
+        if is_neox_style:
+            x1, x2 = rotated.chunk(2, dim=-1)
+            turned = torch.cat((-x2, x1), dim=-1)
+        else:
+            x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+            turned = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        heads = torch.cat((rotated * cos_rows + turned * sin_rows, heads[..., rope_dim:]), dim=-1)
+        return heads.reshape(tokens, -1).to(input.dtype)
+
+    return (
+        normalised_and_rotated(q, q_weight, q_bias),
+        normalised_and_rotated(k, k_weight, k_bias),
+        v.contiguous(),
+    )
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -257,4 +329,5 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_mrope": npu_mrope,
     "torch_npu._npu_reshape_and_cache": _npu_reshape_and_cache,
     "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
+    "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
 }
