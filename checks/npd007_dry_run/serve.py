@@ -7,7 +7,9 @@ the server's launcher runs per rank) with the role's server arguments: distribut
 built from the config with sglang's dummy (random-weight) loader, the memory pools, the attention
 backend, the radix cache. Then it plays the tokenizer's part on the scheduler's own IPC sockets:
 requests go in through ``scheduler_input_ipc_name`` as ``TokenizedGenerateReqInput`` (what the
-tokenizer manager sends), their tokens come out on ``detokenizer_ipc_name``. The requests reach
+tokenizer manager sends), their tokens come out on ``tokenizer_ipc_name`` (with
+``skip_tokenizer_init`` the scheduler sends its outputs straight to the tokenizer side, past the
+detokenizer: ``SchedulerIpcChannels`` in 0.5.23, ``init_sockets`` before). The requests reach
 each step the role serves (``outcome.STEPS``): prefill of sequences of different lengths together, a
 prompt longer than the chunk size, a prompt that shares two pages with a finished one, decode.
 
@@ -154,27 +156,37 @@ def server_args_for(
 class _Requests:
     """The requests of a dry run and what came back for them."""
 
-    def __init__(self, vocab: int, page: int, chunk: int, request_class: type, sampling: Any):
+    def __init__(self, vocab: int, chunk: int, request_class: type, sampling: Any):
         self.request_class = request_class
         self.sampling = sampling
         self.vocab = vocab
-        rng = random.Random(0)
-        top = max(vocab - 1, 8)
-
-        def tokens(n: int) -> list[int]:
-            return [rng.randrange(3, top) for _ in range(n)]
-
-        self.shared = tokens(2 * page + 11)  # two whole pages and more: a prefix the cache keeps
-        self.first = {
-            "long": (self.shared, 4),
-            "short": (tokens(max(page // 2, 8) + 3), 3),
-            "chunked": (tokens(chunk + page + 5), 2),
-        }
-        self.prefix_hit = (self.shared[: 2 * page] + tokens(9), 2)
+        self.chunk = chunk
+        self.first: dict[str, tuple[list[int], int]] = {}
+        self.prefix_hit: tuple[list[int], int] = ([], 0)
+        self.planned = threading.Event()
         self.finished: dict[str, Any] = {}
         self.cached_tokens: dict[str, int] = {}
         self.sent: list[str] = []
         self.failure: BaseException | None = None
+
+    def plan(self, page: int) -> None:
+        """The prompts, sized by the KV page the scheduler runs with: its own ``page_size`` once it
+        started (a platform's default, 128 on NPU, is resolved inside sglang, not in the arguments
+        given), so the shared prefix spans whole pages the radix cache keeps."""
+        rng = random.Random(0)
+        top = max(self.vocab - 1, 8)
+
+        def tokens(n: int) -> list[int]:
+            return [rng.randrange(3, top) for _ in range(n)]
+
+        shared = tokens(2 * page + 11)  # two whole pages and more: a prefix the cache keeps
+        self.first = {
+            "long": (shared, 4),
+            "short": (tokens(max(page // 2, 8) + 3), 3),
+            "chunked": (tokens(self.chunk + page + 5), 2),
+        }
+        self.prefix_hit = (shared[: 2 * page] + tokens(9), 2)
+        self.planned.set()
 
     def request(self, rid: str, ids: list[int], new_tokens: int) -> Any:
         sampling = self.sampling(max_new_tokens=new_tokens, temperature=0.0)
@@ -200,13 +212,15 @@ class _Requests:
         }
         return self.request_class(**{k: v for k, v in values.items() if k in parameters})
 
-    def serve(self, zmq: Any, scheduler_input: str, detokenizer: str) -> None:
+    def serve(self, zmq: Any, scheduler_input: str, outputs: str) -> None:
         try:
             context = zmq.Context()
             results = context.socket(zmq.PULL)
-            results.bind(detokenizer)
+            results.bind(outputs)
             requests = context.socket(zmq.PUSH)
             requests.bind(scheduler_input)
+            if not self.planned.wait(MAX_SECONDS):
+                return
             for rid, (ids, new_tokens) in self.first.items():
                 requests.send_pyobj(self.request(rid, ids, new_tokens))
                 self.sent.append(rid)
@@ -230,7 +244,7 @@ class _Requests:
 
     @property
     def done(self) -> bool:
-        return len(self.finished) == len(self.first) + 1
+        return self.planned.is_set() and len(self.finished) == len(self.first) + 1
 
 
 # ----- the run -------------------------------------------------------------------------------------
@@ -266,9 +280,18 @@ class _Watch:
         ):
             self.current = CHUNKED_PREFILL
             self.saw(CHUNKED_PREFILL)
-        if any(r.rid == "prefix" and len(getattr(r, "prefix_indices", ())) > 0 for r in reqs):
+        if any(r.rid == "prefix" and _prefix_length(r) > 0 for r in reqs):
             self.current = PREFIX_HIT
             self.saw(PREFIX_HIT)
+
+
+def _prefix_length(req: Any) -> int:
+    """The tokens of ``req`` the radix cache served: its ``prefix_len`` (0.5.23, the matched prefix
+    kept as a length) or its ``prefix_indices`` (the matched KV slots, before)."""
+    length = getattr(req, "prefix_len", None)
+    if isinstance(length, int):
+        return length
+    return len(getattr(req, "prefix_indices", ()))
 
 
 def _bind(function: Any, known: dict[str, Any]) -> dict[str, Any]:
@@ -336,11 +359,9 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
             port_args = server_args_module.PortArgs.init_new(server_args)
     except BaseException as error:
         return _ended(outcome, START_UP, error, started)
-    page = int(getattr(server_args, "page_size", None) or 1)
     chunk = int(getattr(server_args, "chunked_prefill_size", None) or CHUNK_TOKENS)
     requests = _Requests(
         int(request["model_config"].get("vocab_size") or 512),
-        page,
         chunk,
         io_struct.TokenizedGenerateReqInput,
         sampling_module.SamplingParams,
@@ -361,7 +382,7 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
     }
     client = threading.Thread(
         target=requests.serve,
-        args=(zmq, port_args.scheduler_input_ipc_name, port_args.detokenizer_ipc_name),
+        args=(zmq, port_args.scheduler_input_ipc_name, port_args.tokenizer_ipc_name),
         daemon=True,
     )
     client.start()
@@ -388,6 +409,8 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
     run_batch = scheduler_class.run_batch
 
     def get_next_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not requests.planned.is_set():
+            requests.plan(int(getattr(self, "page_size", None) or 1))
         if requests.done:
             raise _Finished()
         if requests.failure is not None:
@@ -425,9 +448,7 @@ def _ended(
             f"the run did not finish within {MAX_BATCHES} batches / {MAX_SECONDS:.0f} s "
             f"(at {step}): a hang or a request never scheduled"
         )
-    elif isinstance(error, ascendsim.SimulationGap):
-        outcome.gap, outcome.gap_step = str(error), step
-    elif isinstance(error, standins.StoodInError):
+    elif isinstance(error, (ascendsim.SimulationGap, standins.StoodInError)):
         outcome.gap, outcome.gap_step = str(error), step
     else:
         outcome.failed_step = step
@@ -437,7 +458,9 @@ def _ended(
     return outcome
 
 
-def _steps(outcome: DryRunOutcome, watch: _Watch | None, requests: _Requests | None, ended: str | None) -> None:
+def _steps(
+    outcome: DryRunOutcome, watch: _Watch | None, requests: _Requests | None, ended: str | None
+) -> None:
     """Every step, ran or not, and why not."""
     batches = watch.batches if watch is not None else {}
     for name in STEPS:

@@ -321,6 +321,45 @@ def split_qkv_rmsnorm_rope(
     )
 
 
+def _npu_paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+    scale_value: float,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """``torch_npu._npu_paged_attention`` (op-plugin ``ops/atb/PagedAttentionAtb.cpp``: ATB
+    ``PagedAttentionOperation``, CANN ascendtb API reference "PagedAttentionOperation"): decode
+    attention, one query token per request. ``query`` ``(B, num_heads, D)``, the caches ``(blocks,
+    block_size, num_kv_heads, D)`` read through ``block_table``, ``context_lens[b]`` request ``b``'s
+    KV tokens (its new token included), all of which its query sees; scores scaled by
+    ``scale_value``. Writes ``out`` ``(B, num_heads, Dv)``."""
+    if key_cache.dim() != 4 or value_cache.dim() != 4:
+        raise NotImplementedError(
+            f"CPU reference of _npu_paged_attention: caches {tuple(key_cache.shape)}, "
+            "not ND (blocks, block_size, heads, head_dim)"
+        )
+    if query.dim() != 3 or query.shape[1] != num_heads or key_cache.shape[2] != num_kv_heads:
+        raise ValueError(
+            f"_npu_paged_attention: query {tuple(query.shape)} / key cache {tuple(key_cache.shape)} "
+            f"do not have {num_heads} / {num_kv_heads} heads"
+        )
+    result = _paged_causal_attention(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        [1] * query.shape[0],
+        [int(n) for n in context_lens],
+        scale_value,
+    )
+    out.view(result.shape).copy_(result.to(out.dtype))
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -329,5 +368,6 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_mrope": npu_mrope,
     "torch_npu._npu_reshape_and_cache": _npu_reshape_and_cache,
     "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
+    "torch_npu._npu_paged_attention": _npu_paged_attention,
     "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
 }
