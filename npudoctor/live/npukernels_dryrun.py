@@ -360,6 +360,46 @@ def _npu_paged_attention(
     out.view(result.shape).copy_(result.to(out.dtype))
 
 
+def npu_moe_gating_top_k_softmax(
+    x: torch.Tensor, finished: torch.Tensor | None = None, k: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor,
+    Tensor, Tensor)`` (CANN ``aclnnMoeGatingTopKSoftmax``, hiascend.com CANNCommunityEdition/
+    850alpha002/API/aolapi/context/aclnnMoeGatingTopKSoftmax.md): ``y, expert_idx = topK(softmax(x,
+    -1), k)`` (``y`` in ``x``'s dtype, ``expert_idx`` int32) and ``row_idx = arange(rows * k)
+    .reshape(k, rows).T`` (int32): the position of each (row, choice) in the choice-major order
+    the routing ops expect. ``finished`` (rows whose experts are set to ``num_expert``) is not
+    modelled: sglang passes none."""
+    if finished is not None:
+        raise NotImplementedError("CPU reference of npu_moe_gating_top_k_softmax: finished")
+    if x.dim() != 2:
+        raise NotImplementedError(
+            f"CPU reference of npu_moe_gating_top_k_softmax: x of shape {tuple(x.shape)}, not 2-D"
+        )
+    if not 0 < k <= min(x.shape[-1], 1024):
+        raise ValueError(f"npu_moe_gating_top_k_softmax: k={k} for {x.shape[-1]} experts")
+    weights, experts = torch.softmax(x.float(), dim=-1).topk(k, dim=-1)
+    rows = x.shape[0]
+    row_idx = torch.arange(rows * k, dtype=torch.int32).reshape(k, rows).transpose(0, 1).contiguous()
+    return weights.to(x.dtype), experts.to(torch.int32), row_idx
+
+
+def l1_norm(input: torch.Tensor) -> torch.Tensor:
+    """sgl-kernel-npu ``sgl_kernel_npu/norm/l1_norm.py::l1_norm`` (its Triton kernel's source is
+    the documentation; sgl-project/sgl-kernel-npu f425bdf): each row of the 2-D ``input`` divided
+    by its sum, in float32. The kernel addresses rows as ``row * hidden_size`` (a contiguous
+    input) and loads ``tl.arange(0, hidden_size)`` (a power of two, as Triton requires)."""
+    if input.dim() != 2 or not input.is_contiguous():
+        raise NotImplementedError(
+            f"CPU reference of l1_norm: input of shape {tuple(input.shape)}, stride {input.stride()}: "
+            "not a contiguous 2-D tensor"
+        )
+    if input.shape[1] & (input.shape[1] - 1):
+        raise ValueError(f"l1_norm: hidden size {input.shape[1]} is not a power of two (tl.arange)")
+    values = input.float()
+    return values / values.sum(dim=-1, keepdim=True)
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -369,5 +409,7 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu._npu_reshape_and_cache": _npu_reshape_and_cache,
     "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
     "torch_npu._npu_paged_attention": _npu_paged_attention,
+    "torch_npu.npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
     "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
+    "sgl_kernel_npu.norm.l1_norm.l1_norm": l1_norm,
 }
