@@ -400,6 +400,159 @@ def l1_norm(input: torch.Tensor) -> torch.Tensor:
     return values / values.sum(dim=-1, keepdim=True)
 
 
+def npu_moe_init_routing_v2(
+    x: torch.Tensor,
+    expert_idx: torch.Tensor,
+    *,
+    scale: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    active_num: int = -1,
+    expert_capacity: int = -1,
+    expert_num: int = -1,
+    drop_pad_mode: int = 0,
+    expert_tokens_num_type: int = 0,
+    expert_tokens_num_flag: bool = False,
+    quant_mode: int = 0,
+    active_expert_range: list[int] | None = None,
+    row_idx_type: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_moe_init_routing_v2`` (Ascend PyTorch API reference, hiascend.com Pytorch/700/
+    apiref/apilist/ptaoplist_002366, and the golden model of op-plugin's
+    ``test_npu_moe_init_routing_v2.py``) in its drop-less, unquantised form (``drop_pad_mode=0``,
+    ``quant_mode=-1``, no ``scale``/``offset``): the flat choices ``expert_idx.reshape(-1)`` (row
+    ``n``'s choice ``k`` at ``n * K + k``) are sorted stably by expert, experts outside
+    ``active_expert_range = [start, end)`` left out; ``expanded_x`` holds, in that order, the token
+    row of each kept choice (the first ``active_num``), zero after; ``expanded_row_idx`` (int32,
+    ``row_idx_type=0``, scatter form) gives each flat choice its position in ``expanded_x`` (-1 when
+    left out), ``row_idx_type=1`` the gather form (the sorted flat choices); with
+    ``expert_tokens_num_flag`` the per-expert counts of the kept choices (int64, ``type 1``) or
+    their running sum (``type 0``). The fourth output (the quantisation scales) is undefined in
+    this form and returned empty."""
+    if drop_pad_mode != 0 or quant_mode != -1 or scale is not None or offset is not None:
+        raise NotImplementedError(
+            f"CPU reference of npu_moe_init_routing_v2: drop_pad_mode={drop_pad_mode}, quant_mode={quant_mode}, "
+            f"scale={'set' if scale is not None else None}, offset={'set' if offset is not None else None}"
+        )
+    if expert_tokens_num_flag and expert_tokens_num_type not in (0, 1):
+        raise NotImplementedError(
+            f"CPU reference of npu_moe_init_routing_v2: expert_tokens_num_type={expert_tokens_num_type}"
+        )
+    if row_idx_type not in (0, 1):
+        raise NotImplementedError(f"CPU reference of npu_moe_init_routing_v2: row_idx_type={row_idx_type}")
+    if x.dim() != 2 or expert_idx.dim() != 2 or expert_idx.shape[0] != x.shape[0]:
+        raise ValueError(f"npu_moe_init_routing_v2: x {tuple(x.shape)}, expert_idx {tuple(expert_idx.shape)}")
+    rows, k = expert_idx.shape
+    start, end = active_expert_range if active_expert_range else (0, expert_num)
+    flat = expert_idx.reshape(-1).long()
+    kept = (flat >= start) & (flat < end)
+    order = torch.argsort(torch.where(kept, flat, torch.iinfo(torch.int32).max), stable=True)
+    total = int(kept.sum())
+    count = total if active_num <= 0 else min(active_num, total)
+    expanded_x = torch.zeros(
+        rows * k if active_num <= 0 else min(active_num, rows * k), x.shape[1], dtype=x.dtype
+    )
+    expanded_x[:count] = x[order[:count] // k]
+    if row_idx_type == 1:
+        expanded_row_idx = order.to(torch.int32)
+    else:
+        expanded_row_idx = torch.full((rows * k,), -1, dtype=torch.int32)
+        expanded_row_idx[order[:total]] = torch.arange(total, dtype=torch.int32)
+    tokens = torch.bincount(flat[kept] - start, minlength=end - start).to(torch.int64)
+    if expert_tokens_num_type == 0:
+        tokens = tokens.cumsum(0)
+    return expanded_x, expanded_row_idx, tokens if expert_tokens_num_flag else torch.empty(0), torch.empty(0)
+
+
+def npu_grouped_matmul(
+    x: list[torch.Tensor],
+    weight: list[torch.Tensor],
+    *,
+    bias: list[torch.Tensor] | None = None,
+    split_item: int = 0,
+    group_type: int | None = None,
+    group_list: torch.Tensor | None = None,
+    group_list_type: int = 0,
+    output_dtype: torch.dtype | None = None,
+    **unsupported: Any,
+) -> list[torch.Tensor]:
+    """``torch_npu.npu_grouped_matmul`` (Ascend PyTorch API reference "torch_npu.npu_grouped_matmul",
+    CANN ``aclnnGroupedMatmulV4``) in the form MoE uses: one ``x`` ``(M, K)`` split along M
+    (``group_type=0``) into consecutive groups, one weight ``(E, K, N)`` (group ``e`` multiplies by
+    ``weight[e]``, plus ``bias[e]`` when given), one output ``(M, N)`` (``split_item`` 2 or 3).
+    ``group_list`` gives the groups' sizes (``group_list_type=1``) or their running ends (``0``);
+    rows after the last group are zero. Unquantised only: a scale, offset or antiquant argument is
+    not modelled."""
+    given = {name: value for name, value in unsupported.items() if value is not None}
+    if given:
+        raise NotImplementedError(f"CPU reference of npu_grouped_matmul: unsupported {sorted(given)}")
+    if split_item not in (2, 3) or group_type != 0 or group_list is None or len(x) != 1 or len(weight) != 1:
+        raise NotImplementedError(
+            f"CPU reference of npu_grouped_matmul: split_item={split_item}, group_type={group_type}, "
+            f"{len(x)} x / {len(weight)} weights, group_list {'set' if group_list is not None else None}"
+        )
+    if group_list_type not in (0, 1):
+        raise NotImplementedError(f"CPU reference of npu_grouped_matmul: group_list_type={group_list_type}")
+    (tokens,), (weights,) = x, weight
+    if weights.dim() != 3 or tokens.dim() != 2 or tokens.shape[1] != weights.shape[1]:
+        raise ValueError(f"npu_grouped_matmul: x {tuple(tokens.shape)} by weight {tuple(weights.shape)}")
+    sizes = [int(n) for n in group_list]
+    if group_list_type == 0:
+        sizes = [b - a for a, b in zip([0, *sizes], sizes)]
+    if len(sizes) != weights.shape[0] or min(sizes, default=0) < 0 or sum(sizes) > tokens.shape[0]:
+        raise ValueError(
+            f"npu_grouped_matmul: group sizes {sizes} for {weights.shape[0]} weights and {tokens.shape[0]} rows"
+        )
+    out = torch.zeros(tokens.shape[0], weights.shape[2], dtype=torch.float32)
+    start = 0
+    for group, size in enumerate(sizes):
+        rows = tokens[start : start + size].float() @ weights[group].float()
+        if bias:
+            rows = rows + bias[0][group].float()
+        out[start : start + size] = rows
+        start += size
+    return [out.to(output_dtype or tokens.dtype)]
+
+
+def npu_moe_finalize_routing(
+    expanded_permuted_rows: torch.Tensor,
+    skip1: torch.Tensor | None,
+    skip2: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    scales: torch.Tensor | None,
+    expanded_src_to_dst_row: torch.Tensor,
+    export_for_source_row: torch.Tensor | None,
+    drop_pad_mode: int = 0,
+) -> torch.Tensor:
+    """``torch_npu.npu_moe_finalize_routing`` (CANN ``aclnnMoeFinalizeRoutingV2``, hiascend.com
+    CANNCommunityEdition/81RC1alpha001/apiref/aolapi/context/aclnnMoeFinalizeRoutingV2.md):
+    ``out[i] = skip1[i] + skip2[i] + sum_k scales[i, k] * (expanded_x[idx(i, k)] + bias[expert[i,
+    k]])`` over the K choices of row ``i``, in the drop-less modes: ``drop_pad_mode=0`` indexes
+    ``expanded_src_to_dst_row`` choice-major (``i + k * rows``), ``2`` row-major (``i * K + k``,
+    as ``npu_moe_init_routing_v2`` lays it out). Without ``scales`` each choice weighs 1."""
+    if drop_pad_mode not in (0, 2):
+        raise NotImplementedError(f"CPU reference of npu_moe_finalize_routing: drop_pad_mode={drop_pad_mode}")
+    if scales is None and export_for_source_row is None:
+        raise NotImplementedError(
+            "CPU reference of npu_moe_finalize_routing: neither scales nor experts given"
+        )
+    rows, k = (scales if scales is not None else export_for_source_row).shape
+    index = expanded_src_to_dst_row.long()
+    if index.shape != (rows * k,):
+        raise ValueError(
+            f"npu_moe_finalize_routing: expanded_src_to_dst_row {tuple(index.shape)} for {rows} x {k}"
+        )
+    index = index.reshape(rows, k) if drop_pad_mode == 2 else index.reshape(k, rows).transpose(0, 1)
+    chosen = expanded_permuted_rows.float()[index]  # (rows, K, H)
+    if bias is not None:
+        chosen = chosen + bias.float()[export_for_source_row.long()]
+    weights = scales.float()[..., None] if scales is not None else torch.ones(rows, k, 1)
+    out = (chosen * weights).sum(dim=1)
+    for skip in (skip1, skip2):
+        if skip is not None:
+            out = out + skip.float()
+    return out.to(expanded_permuted_rows.dtype)
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -410,6 +563,9 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
     "torch_npu._npu_paged_attention": _npu_paged_attention,
     "torch_npu.npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
+    "torch_npu.npu_moe_init_routing_v2": npu_moe_init_routing_v2,
+    "torch_npu.npu_grouped_matmul": npu_grouped_matmul,
+    "torch_npu.npu_moe_finalize_routing": npu_moe_finalize_routing,
     "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
     "sgl_kernel_npu.norm.l1_norm.l1_norm": l1_norm,
 }
