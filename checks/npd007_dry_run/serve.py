@@ -450,12 +450,35 @@ def _ended(
         )
     elif isinstance(error, (ascendsim.SimulationGap, standins.StoodInError)):
         outcome.gap, outcome.gap_step = str(error), step
+    elif _host_lacks(error):
+        outcome.gap = (
+            f"the path imports {error.name}, which this host lacks (not a CUDA-only package): {error}"
+        )
+        outcome.gap_step = step
     else:
         outcome.failed_step = step
         outcome.failure = Raised.of(error)
     _steps(outcome, watch, None, ended=step)
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def _host_lacks(error: BaseException) -> bool:
+    """``error`` is a lazy import, while sglang serves, of a third-party module this host does not
+    have (0.5.12's scheduler imports the tokenizer manager, and with it ``fastapi`` and ``uvloop``,
+    on its first request): the stand-ins cover imports before the run only, so this is the host's
+    gap, not sglang's defect. A CUDA-only package (missing on an Ascend host too) and sglang's own
+    modules stay failures."""
+    import importlib.util
+
+    from npudoctor.live import ascendsim
+
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return False
+    root = error.name.split(".")[0]
+    if root == "sglang" or root in ascendsim.CUDA_ONLY_PACKAGES:
+        return False
+    return importlib.util.find_spec(root) is None
 
 
 def _steps(

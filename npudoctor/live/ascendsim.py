@@ -442,6 +442,30 @@ class OnHost(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _register_npu_accelerator() -> None:
+    """torch_npu registers its PrivateUse1 hooks in C++, which makes the NPU torch's current
+    accelerator: ``torch.get_device_module()`` (no device) is ``torch.npu``, as sglang 0.5.12's
+    ``parallel_state`` asks at import. The simulated device registers the Python hooks torch
+    provides for a backend written in Python (``torch.utils.backend_registration``)."""
+
+    class NpuHooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
+
+        def has_primary_context(self, dev_id: int) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    class NpuDeviceGuard(torch._C._acc.DeviceGuard):
+        def type_(self) -> Any:
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    torch._C._acc.register_python_privateuseone_hook(NpuHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(NpuDeviceGuard())
+
+
 def _hccl_on_gloo() -> None:
     import torch.distributed as dist
 
@@ -484,6 +508,7 @@ def install() -> list[str]:
         sys.meta_path.insert(0, _CudaOnlyBlocker())
     torch.utils.rename_privateuse1_backend("npu")
     torch.utils.generate_methods_for_privateuse1_backend()
+    _register_npu_accelerator()
     torch.npu = _device_module()  # type: ignore[attr-defined]
     torch.ops.npu = SimulatedPackage("torch.ops.npu")  # type: ignore[attr-defined]
     _hccl_on_gloo()
