@@ -404,7 +404,15 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
 def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> None:
     """Watch the scheduler's batches and end its loop once every request finished."""
     scheduler_class.__init__ = _guarded(scheduler_class.__init__)
-    scheduler_class.run_event_loop = _guarded(scheduler_class.run_event_loop)
+    # the loop run_scheduler_process enters: ``run_event_loop`` (0.5.5 on), or before it one of the
+    # ``event_loop_*`` methods it picks itself (0.5.4: normal, overlap, pp, disaggregation's)
+    loops = (
+        ["run_event_loop"]
+        if hasattr(scheduler_class, "run_event_loop")
+        else [name for name in dir(scheduler_class) if name.startswith("event_loop_")]
+    )
+    for name in loops:
+        setattr(scheduler_class, name, _guarded(getattr(scheduler_class, name)))
     next_batch = scheduler_class.get_next_batch_to_run
     run_batch = scheduler_class.run_batch
 
