@@ -165,6 +165,15 @@ class Unmodelled:
         """A Triton launch ``kernel[grid](...)``: the kernel has no CPU reference."""
         return Unmodelled(self._name)
 
+    def __iter__(self) -> Any:
+        """An unmodelled collection holds nothing while modules import (``"cpu" in
+        triton.backends.backends``, torch's ``has_triton`` as torchao imports): without this,
+        ``in`` and iteration fall back to ``__getitem__(0, 1, ...)``, which never ends. Iterating
+        it once sglang runs is a gap."""
+        if RECORD.running and not _importing():
+            raise RECORD.gap(self._name, "iterated")
+        return iter(())
+
     def __mro_entries__(self, bases: tuple) -> tuple:
         return (_StubClass,)
 
