@@ -370,6 +370,7 @@ def _device_module() -> types.ModuleType:
     npu.__dict__.update(
         is_available=lambda: True,
         is_initialized=lambda: True,
+        _lazy_init=lambda: None,  # the device runtime's first-use init: the simulated one is up
         device_count=lambda: 1,
         current_device=lambda: 0,
         set_device=lambda device: None,
@@ -519,6 +520,9 @@ def install() -> list[str]:
     torch.utils.generate_methods_for_privateuse1_backend()
     _register_npu_accelerator()
     torch.npu = _device_module()  # type: ignore[attr-defined]
+    # importable too, as torch_npu's ``torch.npu`` is (dynamo imports the device module by name when
+    # it traces sglang's ``torch.compile``d functions: 0.5.4's ``FutureMap.resolve_future``)
+    sys.modules["torch.npu"] = torch.npu
     torch.ops.npu = SimulatedPackage("torch.ops.npu")  # type: ignore[attr-defined]
     _hccl_on_gloo()
     OnHost().__enter__()  # for the interpreter's life (the dry run's own)

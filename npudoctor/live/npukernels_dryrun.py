@@ -7,7 +7,8 @@ document). A reference models exactly the argument forms sglang passes and raise
 simulation gap, never a silent pass.
 
 ``DRY_RUN_KERNELS`` is keyed by the name as sglang reaches it: ``torch_npu.<op>`` (also answered as
-``torch.ops.npu.<op>``, the same op's dispatcher name) and ``sgl_kernel_npu.<module>.<function>``
+``torch.ops.npu.<op>``, the same op's dispatcher name), ``torch.ops.npu.<op>`` for an op only
+sgl-kernel-npu registers there, and ``sgl_kernel_npu.<module>.<function>``
 for sgl-kernel-npu's Python entry points (a function around its own Triton kernel: the reference
 is of the whole function, the kernel's source its documentation).
 """
@@ -553,6 +554,41 @@ def npu_moe_finalize_routing(
     return out.to(expanded_permuted_rows.dtype)
 
 
+def alloc_extend(
+    pre_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    page_size: int,
+    out_indices: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """sgl-kernel-npu's ``torch.ops.npu.alloc_extend`` (``csrc/pytorch_extensions.cpp``: ``alloc_extend(
+    Tensor pre_lens, Tensor seq_lens, Tensor last_loc, Tensor free_pages, int page_size, Tensor(a!)
+    out_indices, Tensor(b!) values)``; ``csrc/alloc_extend``, sgl-project/sgl-kernel-npu f425bdf):
+    the paged allocation of an extend batch, the semantics of the Triton ``alloc_extend_kernel``
+    (``tritonkernels.alloc_extend_kernel``, one place for it) and of sglang's own fallback
+    ``alloc_extend_kernel_ascend`` (0.5.4 ``mem_cache/allocator_ascend.py``); ``values[0]`` receives
+    the number of new pages taken. The host code accepts int64 tensors only and raises otherwise."""
+    from npudoctor.live.tritonkernels import alloc_extend_kernel
+
+    if any(t.dtype != torch.int64 for t in (pre_lens, seq_lens, last_loc, free_pages, out_indices)):
+        raise ValueError("alloc_extend: Only support int64 input dtype")
+    alloc_extend_kernel(
+        (pre_lens.shape[0],),
+        pre_lens,
+        seq_lens,
+        last_loc,
+        free_pages,
+        out_indices,
+        0,
+        page_size,
+        out_indices.shape[0],
+    )
+    new_pages = -(-seq_lens // page_size) - (-(-pre_lens // page_size))
+    values.view(-1)[0] = int(new_pages.sum())
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -566,6 +602,7 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_moe_init_routing_v2": npu_moe_init_routing_v2,
     "torch_npu.npu_grouped_matmul": npu_grouped_matmul,
     "torch_npu.npu_moe_finalize_routing": npu_moe_finalize_routing,
+    "torch.ops.npu.alloc_extend": alloc_extend,
     "sgl_kernel_npu.norm.split_qkv_rmsnorm_rope.split_qkv_rmsnorm_rope": split_qkv_rmsnorm_rope,
     "sgl_kernel_npu.norm.l1_norm.l1_norm": l1_norm,
 }
