@@ -589,6 +589,41 @@ def alloc_extend(
     values.view(-1)[0] = int(new_pages.sum())
 
 
+def npu_moe_init_routing(
+    x: torch.Tensor, row_idx: torch.Tensor, expert_idx: torch.Tensor, active_num: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch_npu.npu_moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) ->
+    (Tensor, Tensor, Tensor)`` (Ascend PyTorch API reference, hiascend.com Pytorch/60RC3/apiref/
+    apilist/ptaoplist_000780): the choices ``expert_idx`` ``(N, K)`` sorted by expert, each carrying
+    its ``row_idx`` value (``k * N + n`` as sglang builds it: the choice-major position; ties kept
+    in order, which only permutes rows of one expert); ``expanded_x`` holds the token row
+    (``row_idx % N``) of the first ``min(N, active_num) * K`` sorted choices; ``expanded_row_idx[
+    row_idx value] = its sorted position`` (int32); ``expanded_expert_idx`` the sorted experts."""
+    if x.dim() != 2 or expert_idx.shape != row_idx.shape or expert_idx.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"npu_moe_init_routing: x {tuple(x.shape)}, row_idx {tuple(row_idx.shape)}, expert_idx {tuple(expert_idx.shape)}"
+        )
+    rows, k = expert_idx.shape
+    order = torch.argsort(expert_idx.reshape(-1).long(), stable=True)
+    sorted_rows = row_idx.reshape(-1).long()[order]
+    kept = min(rows, active_num) * k
+    expanded_x = x[sorted_rows[:kept] % rows]
+    expanded_row_idx = torch.empty(rows * k, dtype=torch.int32)
+    expanded_row_idx[sorted_rows] = torch.arange(rows * k, dtype=torch.int32)
+    return expanded_x, expanded_row_idx, expert_idx.reshape(-1)[order].to(torch.int32)
+
+
+def npu_moe_compute_expert_tokens(
+    sorted_expert_for_source_row: torch.Tensor, num_expert: int
+) -> torch.Tensor:
+    """``torch_npu.npu_moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) ->
+    Tensor`` (Ascend PyTorch API reference, hiascend.com Pytorch/60RC3/apiref/apilist/ptaoplist_000455):
+    for each expert, the end (one past the last row) of its rows in the sorted choices, found by
+    binary search: the running count of choices with an expert ``<= e``, in the input's dtype."""
+    ends = torch.searchsorted(sorted_expert_for_source_row.long(), torch.arange(num_expert), right=True)
+    return ends.to(sorted_expert_for_source_row.dtype)
+
+
 # the name as sglang reaches it -> reference
 DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu.npu_rms_norm": npu_rms_norm,
@@ -599,6 +634,8 @@ DRY_RUN_KERNELS: dict[str, Callable[..., Any]] = {
     "torch_npu._npu_flash_attention_qlens": _npu_flash_attention_qlens,
     "torch_npu._npu_paged_attention": _npu_paged_attention,
     "torch_npu.npu_moe_gating_top_k_softmax": npu_moe_gating_top_k_softmax,
+    "torch_npu.npu_moe_init_routing": npu_moe_init_routing,
+    "torch_npu.npu_moe_compute_expert_tokens": npu_moe_compute_expert_tokens,
     "torch_npu.npu_moe_init_routing_v2": npu_moe_init_routing_v2,
     "torch_npu.npu_grouped_matmul": npu_grouped_matmul,
     "torch_npu.npu_moe_finalize_routing": npu_moe_finalize_routing,

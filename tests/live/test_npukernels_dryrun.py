@@ -191,6 +191,18 @@ def test_reshape_and_cache_writes_each_token_to_its_slot():
         ops._npu_reshape_and_cache(key, value, key_cache, value_cache, torch.tensor([5, 0, 1]))
 
 
+def dense_mixture(x, logits, w13, w2, top_k):
+    """Each token's output: its top-k experts' SwiGLU MLPs, weighted by the renormalised softmax."""
+    probabilities = torch.softmax(logits, -1)
+    expected = torch.zeros(x.shape)
+    for t in range(x.shape[0]):
+        top = probabilities[t].topk(top_k)
+        for p, e in zip(top.values / top.values.sum(), top.indices):
+            gate, value = (x[t] @ w13[e]).chunk(2)
+            expected[t] += p * ((F.silu(gate) * value) @ w2[e])
+    return expected
+
+
 def test_moe_routing_chain_equals_a_dense_per_token_mixture():
     """gating top-k -> l1 renormalise -> init routing v2 -> grouped matmul (gate/up) -> swiglu ->
     grouped matmul (down) -> finalize (row-major, sglang's drop_pad_mode=2): each token's output is
@@ -219,17 +231,49 @@ def test_moe_routing_chain_equals_a_dense_per_token_mixture():
     )[0]
     out = ops.npu_moe_finalize_routing(down, None, None, None, weights, row_idx, chosen, drop_pad_mode=2)
 
-    probabilities = torch.softmax(logits, -1)
-    expected = torch.zeros(tokens, hidden)
-    for t in range(tokens):
-        top = probabilities[t].topk(top_k)
-        for p, e in zip(top.values / top.values.sum(), top.indices):
-            gate, value = (x[t] @ w13[e]).chunk(2)
-            expected[t] += p * ((F.silu(gate) * value) @ w2[e])
+    expected = dense_mixture(x, logits, w13, w2, top_k)
     assert torch.allclose(out, expected, atol=1e-4)
     # the row layout matters: the choice-major reading (drop_pad_mode=0) mixes other rows
     other = ops.npu_moe_finalize_routing(down, None, None, None, weights, row_idx, chosen, drop_pad_mode=0)
     assert not torch.allclose(other, expected, atol=1e-4)
+
+
+def test_moe_v1_routing_chain_equals_a_dense_per_token_mixture():
+    """0.5.4's chain: init routing (v1, choice-major row_idx) -> compute expert tokens (running
+    ends) -> grouped matmuls (group_list_type=0) -> finalize (drop_pad_mode=0)."""
+    tokens, hidden, inter, experts, top_k = 5, 8, 4, 6, 2
+    x = torch.randn(tokens, hidden)
+    w13, w2 = torch.randn(experts, hidden, 2 * inter), torch.randn(experts, inter, hidden)
+    logits = torch.randn(tokens, experts)
+    weights, chosen, _ = ops.npu_moe_gating_top_k_softmax(logits, k=top_k)
+    weights = weights / weights.sum(-1, keepdim=True)
+    row_idx = torch.arange(tokens * top_k, dtype=torch.int32).view(top_k, -1).permute(1, 0).contiguous()
+    expanded, expanded_row_idx, sorted_experts = ops.npu_moe_init_routing(x, row_idx, chosen, tokens)
+    ends = ops.npu_moe_compute_expert_tokens(sorted_experts, experts).to(torch.int64)
+    up = ops.npu_grouped_matmul(
+        [expanded], [w13], split_item=2, group_type=0, group_list=ends, group_list_type=0
+    )[0]
+    down = ops.npu_grouped_matmul(
+        [ops.npu_swiglu(up)], [w2], split_item=2, group_type=0, group_list=ends, group_list_type=0
+    )[0]
+    out = ops.npu_moe_finalize_routing(down, None, None, None, weights, expanded_row_idx, chosen)
+    assert torch.allclose(out, dense_mixture(x, logits, w13, w2, top_k), atol=1e-4)
+
+
+def test_alloc_extend_op_is_the_triton_allocation_and_counts_new_pages():
+    from npudoctor.live.tritonkernels import alloc_extend_kernel
+
+    prefix_lens, seq_lens = torch.tensor([0, 5, 8]), torch.tensor([6, 14, 9])
+    last_loc = torch.tensor([-1, 4 * 9 + 0, 4 * 10 + 3])
+    free_pages = torch.tensor([3, 1, 7, 2, 5, 6])
+    got, values = torch.zeros(16, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    ops.alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, 4, got, values)
+    expected = torch.zeros(16, dtype=torch.int64)
+    alloc_extend_kernel((3,), prefix_lens, seq_lens, last_loc, free_pages, expected, 0, 4, 16)
+    assert got.tolist() == expected.tolist()
+    assert int(values[0]) == 2 + 2 + 1  # pages 0-1 | 2-3 after the prefix's page | one more
+    with pytest.raises(ValueError, match="int64"):
+        ops.alloc_extend(prefix_lens.int(), seq_lens, last_loc, free_pages, 4, got, values)
 
 
 @pytest.mark.parametrize(
