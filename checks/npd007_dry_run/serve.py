@@ -7,7 +7,9 @@ the server's launcher runs per rank) with the role's server arguments: distribut
 built from the config with sglang's dummy (random-weight) loader, the memory pools, the attention
 backend, the radix cache. Then it plays the tokenizer's part on the scheduler's own IPC sockets:
 requests go in through ``scheduler_input_ipc_name`` as ``TokenizedGenerateReqInput`` (what the
-tokenizer manager sends), their tokens come out on ``detokenizer_ipc_name``. The requests reach
+tokenizer manager sends), their tokens come out on ``tokenizer_ipc_name`` (with
+``skip_tokenizer_init`` the scheduler sends its outputs straight to the tokenizer side, past the
+detokenizer: ``SchedulerIpcChannels`` in 0.5.23, ``init_sockets`` before). The requests reach
 each step the role serves (``outcome.STEPS``): prefill of sequences of different lengths together, a
 prompt longer than the chunk size, a prompt that shares two pages with a finished one, decode.
 
@@ -163,7 +165,6 @@ class _Requests:
     def __init__(
         self,
         vocab: int,
-        page: int,
         chunk: int,
         request_class: type,
         sampling: Any,
@@ -174,25 +175,37 @@ class _Requests:
         self.rooms = 0
         self.sampling = sampling
         self.vocab = vocab
-        rng = random.Random(0)
-        top = max(vocab - 1, 8)
-
-        def tokens(n: int) -> list[int]:
-            return [rng.randrange(3, top) for _ in range(n)]
-
-        self.shared = tokens(2 * page + 11)  # two whole pages and more: a prefix the cache keeps
-        # sent phase by phase, each once the one before finished: two prompts of different lengths
-        # prefilled together (within one chunk), a prompt longer than the chunk, then a prompt that
-        # shares the first one's two pages
-        self.phases: list[dict[str, tuple[list[int], int]]] = [
-            {"long": (self.shared, 4), "short": (tokens(max(page // 2, 8) + 3), 3)},
-            {"chunked": (tokens(chunk + page + 5), 2)},
-            {"prefix": (self.shared[: 2 * page] + tokens(9), 2)},
-        ]
+        self.chunk = chunk
+        self.phases: list[dict[str, tuple[list[int], int]]] = []
+        self.planned = threading.Event()
+        # held while a phase is sent and while the scheduler receives: a phase arrives whole, so
+        # its prompts can be scheduled together (the scheduler polls between two sends otherwise)
+        self.arriving = threading.RLock()
         self.finished: dict[str, Any] = {}
         self.cached_tokens: dict[str, int] = {}
         self.sent: list[str] = []
         self.failure: BaseException | None = None
+
+    def plan(self, page: int) -> None:
+        """The prompts, sized by the KV page the scheduler runs with: its own ``page_size`` once it
+        started (a platform's default, 128 on NPU, is resolved inside sglang, not in the arguments
+        given), so the shared prefix spans whole pages the radix cache keeps."""
+        rng = random.Random(0)
+        top = max(self.vocab - 1, 8)
+
+        def tokens(n: int) -> list[int]:
+            return [rng.randrange(3, top) for _ in range(n)]
+
+        shared = tokens(2 * page + 11)  # two whole pages and more: a prefix the cache keeps
+        # sent phase by phase, each once the one before finished: two prompts of different lengths
+        # prefilled together (within one chunk), a prompt longer than the chunk, then a prompt that
+        # shares the first one's two pages
+        self.phases = [
+            {"long": (shared, 4), "short": (tokens(max(page // 2, 8) + 3), 3)},
+            {"chunked": (tokens(self.chunk + page + 5), 2)},
+            {"prefix": (shared[: 2 * page] + tokens(9), 2)},
+        ]
+        self.planned.set()
 
     def request(self, rid: str, ids: list[int], new_tokens: int) -> Any:
         sampling = self.sampling(max_new_tokens=new_tokens, temperature=0.0)
@@ -221,17 +234,20 @@ class _Requests:
             values.update(bootstrap_host=self.bootstrap_host, bootstrap_port=None, bootstrap_room=self.rooms)
         return self.request_class(**{k: v for k, v in values.items() if k in parameters})
 
-    def serve(self, zmq: Any, scheduler_input: str, detokenizer: str) -> None:
+    def serve(self, zmq: Any, scheduler_input: str, outputs: str) -> None:
         try:
             context = zmq.Context()
             results = context.socket(zmq.PULL)
-            results.bind(detokenizer)
+            results.bind(outputs)
             requests = context.socket(zmq.PUSH)
             requests.bind(scheduler_input)
+            if not self.planned.wait(MAX_SECONDS):
+                return
             for phase in self.phases:
-                for rid, (ids, new_tokens) in phase.items():
-                    requests.send_pyobj(self.request(rid, ids, new_tokens))
-                    self.sent.append(rid)
+                with self.arriving:
+                    for rid, (ids, new_tokens) in phase.items():
+                        requests.send_pyobj(self.request(rid, ids, new_tokens))
+                        self.sent.append(rid)
                 while not all(rid in self.finished for rid in phase):
                     self._read(results.recv_pyobj())
         except BaseException as error:  # the run reports it: a thread's exception is otherwise lost
@@ -248,7 +264,7 @@ class _Requests:
 
     @property
     def done(self) -> bool:
-        return all(rid in self.finished for phase in self.phases for rid in phase)
+        return self.planned.is_set() and all(rid in self.finished for phase in self.phases for rid in phase)
 
 
 # ----- the run -------------------------------------------------------------------------------------
@@ -291,9 +307,18 @@ class _Watch:
         if "chunked" in rids:  # the prompt longer than the chunk: chunked if it takes several batches
             self.current = CHUNKED_PREFILL
             self.saw(CHUNKED_PREFILL)
-        if "prefix" in rids:  # a hit if the output says its prompt tokens came from the cache
+        if any(r.rid == "prefix" and _prefix_length(r) > 0 for r in batch.reqs):
             self.current = PREFIX_HIT
             self.saw(PREFIX_HIT)
+
+
+def _prefix_length(req: Any) -> int:
+    """The tokens of ``req`` the radix cache served: its ``prefix_len`` (0.5.23, the matched prefix
+    kept as a length) or its ``prefix_indices`` (the matched KV slots, before)."""
+    length = getattr(req, "prefix_len", None)
+    if isinstance(length, int):
+        return length
+    return len(getattr(req, "prefix_indices", ()))
 
 
 def _bind(function: Any, known: dict[str, Any]) -> dict[str, Any]:
@@ -362,7 +387,6 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
             port_args = server_args_module.PortArgs.init_new(server_args)
     except BaseException as error:
         return _ended(outcome, START_UP, error, started)
-    page = int(getattr(server_args, "page_size", None) or 1)
     chunk = int(getattr(server_args, "chunked_prefill_size", None) or CHUNK_TOKENS)
     bootstrap_host = None
     if getattr(server_args, "disaggregation_mode", "null") in ("prefill", "decode"):
@@ -370,7 +394,6 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
         _fake_transfer()
     requests = _Requests(
         int(request["model_config"].get("vocab_size") or 512),
-        page,
         chunk,
         io_struct.TokenizedGenerateReqInput,
         sampling_module.SamplingParams,
@@ -392,7 +415,7 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
     }
     client = threading.Thread(
         target=requests.serve,
-        args=(zmq, port_args.scheduler_input_ipc_name, port_args.detokenizer_ipc_name),
+        args=(zmq, port_args.scheduler_input_ipc_name, port_args.tokenizer_ipc_name),
         daemon=True,
     )
     client.start()
@@ -434,14 +457,31 @@ def _fake_transfer() -> None:
 def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> None:
     """Watch the scheduler's batches and end its loop once every request finished."""
     scheduler_class.__init__ = _guarded(scheduler_class.__init__)
-    # the event loop: ``run_event_loop`` (0.5.12+) or the ``event_loop_*`` variant the entry picks
-    for name in dir(scheduler_class):
-        if name == "run_event_loop" or name.startswith("event_loop"):
-            setattr(scheduler_class, name, _guarded(getattr(scheduler_class, name)))
+    # the loop run_scheduler_process enters: ``run_event_loop`` (0.5.5 on), or before it one of the
+    # ``event_loop_*`` methods it picks itself (0.5.4: normal, overlap, pp, disaggregation's)
+    loops = (
+        ["run_event_loop"]
+        if hasattr(scheduler_class, "run_event_loop")
+        else [name for name in dir(scheduler_class) if name.startswith("event_loop_")]
+    )
+    for name in loops:
+        setattr(scheduler_class, name, _guarded(getattr(scheduler_class, name)))
     next_batch = scheduler_class.get_next_batch_to_run
     run_batch = scheduler_class.run_batch
+    # the scheduler's receive of new requests: ``recv_requests`` (to 0.5.22), ``ingest_requests``
+    receive_name = "recv_requests" if hasattr(scheduler_class, "recv_requests") else "ingest_requests"
+    receive = getattr(scheduler_class, receive_name, None)
+
+    def receive_whole_phases(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with requests.arriving:
+            return receive(self, *args, **kwargs)
+
+    if receive is not None:
+        setattr(scheduler_class, receive_name, receive_whole_phases)
 
     def get_next_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not requests.planned.is_set():
+            requests.plan(int(getattr(self, "page_size", None) or 1))
         if requests.done:
             raise _Finished()
         if requests.failure is not None:
@@ -488,7 +528,7 @@ def _ended(
 
         outcome.gap = f"this host's torch {torch.__version__} lacks what this release uses: {error}"
         outcome.gap_step = step
-    elif _missing_here(error, ascendsim.CUDA_ONLY_PACKAGES):
+    elif _host_lacks(error):
         outcome.gap = f"sglang imported {error.name!r}, which this host lacks (an Ascend host has it)"
         outcome.gap_step = step
     else:
@@ -506,15 +546,22 @@ def _torch_lacks(error: BaseException) -> bool:
     return isinstance(error, AttributeError) and str(error).startswith("module 'torch")
 
 
-def _missing_here(error: BaseException, cuda_only: frozenset[str]) -> bool:
-    """A third-party module sglang imports while it serves, missing on this host: the host's gap.
-    A CUDA-only package is missing on an Ascend host too: sglang's defect, not a gap."""
+def _host_lacks(error: BaseException) -> bool:
+    """``error`` is a lazy import, while sglang serves, of a third-party module this host does not
+    have (0.5.12's scheduler imports the tokenizer manager, and with it ``fastapi`` and ``uvloop``,
+    on its first request): the stand-ins cover imports before the run only, so this is the host's
+    gap, not sglang's defect. A CUDA-only package (missing on an Ascend host too) and sglang's own
+    modules stay failures."""
+    import importlib.util
+
+    from npudoctor.live import ascendsim
+
     if not isinstance(error, ModuleNotFoundError) or not error.name:
         return False
     root = error.name.split(".")[0]
-    return (
-        root not in cuda_only and root not in ("sglang", "npudoctor") and root not in sys.stdlib_module_names
-    )
+    if root == "sglang" or root in ascendsim.CUDA_ONLY_PACKAGES:
+        return False
+    return importlib.util.find_spec(root) is None
 
 
 def _steps(

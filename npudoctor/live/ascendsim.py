@@ -157,8 +157,13 @@ class Unmodelled:
         return Unmodelled(self._name)
 
     def __iter__(self) -> Any:
-        """Not a sequence (``__getitem__`` is a kernel launch): iterating it would never end."""
-        raise TypeError(f"{self._name} (unmodelled) is not iterable")
+        """An unmodelled collection holds nothing while modules import (``"cpu" in
+        triton.backends.backends``, torch's ``has_triton`` as torchao imports): without this,
+        ``in`` and iteration fall back to ``__getitem__(0, 1, ...)``, which never ends. Iterating
+        it once sglang runs is a gap."""
+        if RECORD.running and not standins.module_code_running():
+            raise RECORD.gap(self._name, "iterated")
+        return iter(())
 
     def __mro_entries__(self, bases: tuple) -> tuple:
         return (_StubClass,)
@@ -267,12 +272,20 @@ def leaked(error: BaseException) -> bool:
 
 
 def _kernel_references() -> dict[str, Callable[..., Any]]:
-    """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name."""
+    """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name;
+    ``npukernels_dryrun``'s only where ``npukernels`` has none."""
     from npudoctor.live.npukernels import KERNELS, SGL_KERNEL_NPU
+    from npudoctor.live.npukernels_dryrun import DRY_RUN_KERNELS
 
-    references = {f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()}
+    references = dict(DRY_RUN_KERNELS)
+    references.update({f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()})
     references.update(SGL_KERNEL_NPU)
-    references.update({f"torch.ops.npu.{name}": kernel for name, kernel in KERNELS.items()})
+    ops = {
+        name.removeprefix("torch_npu."): kernel
+        for name, kernel in references.items()
+        if name.startswith("torch_npu.")
+    }
+    references.update({f"torch.ops.npu.{name}": kernel for name, kernel in ops.items()})
     return references
 
 
@@ -370,7 +383,7 @@ def _device_module() -> types.ModuleType:
     npu.__dict__.update(
         is_available=lambda: True,
         is_initialized=lambda: True,
-        _lazy_init=lambda: None,
+        _lazy_init=lambda: None,  # the device runtime's first-use init: the simulated one is up
         device_count=lambda: 1,
         current_device=lambda: 0,
         set_device=lambda device: None,
@@ -452,17 +465,28 @@ class OnHost(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _accelerator_is_npu() -> None:
-    """``torch.get_device_module()`` (no device: the current accelerator's module) is ``torch.npu``
-    on an Ascend host; torch's own answer would ask the PrivateUse1 hooks this CPU build lacks."""
-    original = torch.get_device_module
+def _register_npu_accelerator() -> None:
+    """torch_npu registers its PrivateUse1 hooks in C++, which makes the NPU torch's current
+    accelerator: ``torch.get_device_module()`` (no device) is ``torch.npu``, as sglang 0.5.12's
+    ``parallel_state`` asks at import. The simulated device registers the Python hooks torch
+    provides for a backend written in Python (``torch.utils.backend_registration``)."""
 
-    def get_device_module(device: Any = None) -> Any:
-        if device is None or _host(device) == "cpu" and str(device).split(":")[0] != "cpu":
-            return torch.npu  # type: ignore[attr-defined]
-        return original(device)
+    class NpuHooks(torch._C._acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
 
-    torch.get_device_module = get_device_module
+        def has_primary_context(self, dev_id: int) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    class NpuDeviceGuard(torch._C._acc.DeviceGuard):
+        def type_(self) -> Any:
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    torch._C._acc.register_python_privateuseone_hook(NpuHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(NpuDeviceGuard())
 
 
 def _hccl_on_gloo() -> None:
@@ -509,9 +533,11 @@ def install() -> list[str]:
         sys.meta_path.insert(0, _CudaOnlyBlocker())
     torch.utils.rename_privateuse1_backend("npu")
     torch.utils.generate_methods_for_privateuse1_backend()
+    _register_npu_accelerator()
     torch.npu = _device_module()  # type: ignore[attr-defined]
-    sys.modules["torch.npu"] = torch.npu  # ``import torch.npu`` (dynamo's device interfaces)
-    _accelerator_is_npu()
+    # importable too, as torch_npu's ``torch.npu`` is (dynamo imports the device module by name when
+    # it traces sglang's ``torch.compile``d functions: 0.5.4's ``FutureMap.resolve_future``)
+    sys.modules["torch.npu"] = torch.npu
     torch.ops.npu = SimulatedPackage("torch.ops.npu")  # type: ignore[attr-defined]
     _hccl_on_gloo()
     OnHost().__enter__()  # for the interpreter's life (the dry run's own)

@@ -79,8 +79,43 @@ def write_req_to_token_pool_triton(
         start += int(extend_lens[i])
 
 
+def compute_position_kernel(
+    grid: Any,
+    positions: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    extend_prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    has_prefix: bool,
+) -> None:
+    """sglang ``compute_position_kernel`` (``kernels/ops/attention/position.py`` in 0.5.23,
+    ``srt/model_executor/forward_batch_info.py`` before; the same source), one program per request
+    of the launch grid ``(batch_size,)``: request ``i``'s extended tokens, stored one request after
+    another from ``extend_start_loc[i] = sum(extend_seq_lens[:i])``, get the positions
+    ``prefix_len + 0 .. prefix_len + extend_seq_lens[i] - 1`` (``prefix_len`` is
+    ``extend_prefix_lens[i]`` when ``has_prefix``, else 0)."""
+    programs = _one_dimensional(grid, "compute_position_kernel")
+    start = 0
+    for i in range(programs):
+        prefix = int(extend_prefix_lens[i]) if has_prefix else 0
+        length = int(extend_seq_lens[i])
+        positions[start : start + length] = torch.arange(prefix, prefix + length, dtype=positions.dtype)
+        extend_start_loc[i] = start
+        start += length
+
+
+def _one_dimensional(grid: Any, kernel: str) -> int:
+    """The number of programs of a launch over a one-dimensional grid ``(n,)``, the form sglang
+    launches these kernels with; any other grid is outside what the reference models."""
+    if not (isinstance(grid, tuple) and len(grid) == 1):
+        raise NotImplementedError(f"CPU reference of {kernel}: grid {grid!r}, not (n,)")
+    return int(grid[0])
+
+
 # kernel (its module and name, as the path imports it) -> reference
 TRITON_KERNELS: dict[str, Callable[..., Any]] = {
     "sgl_kernel_npu.mem_cache.allocator.alloc_extend_kernel": alloc_extend_kernel,
     "sglang.kernels.ops.memory.common.write_req_to_token_pool_triton": write_req_to_token_pool_triton,
+    "sglang.srt.mem_cache.common.write_req_to_token_pool_triton": write_req_to_token_pool_triton,
+    "sglang.kernels.ops.attention.position.compute_position_kernel": compute_position_kernel,
+    "sglang.srt.model_executor.forward_batch_info.compute_position_kernel": compute_position_kernel,
 }
