@@ -272,13 +272,10 @@ def leaked(error: BaseException) -> bool:
 
 
 def _kernel_references() -> dict[str, Callable[..., Any]]:
-    """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name;
-    ``npukernels_dryrun``'s only where ``npukernels`` has none."""
+    """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name."""
     from npudoctor.live.npukernels import KERNELS, SGL_KERNEL_NPU
-    from npudoctor.live.npukernels_dryrun import DRY_RUN_KERNELS
 
-    references = dict(DRY_RUN_KERNELS)
-    references.update({f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()})
+    references = {f"torch_npu.{name}": kernel for name, kernel in KERNELS.items()}
     references.update(SGL_KERNEL_NPU)
     ops = {
         name.removeprefix("torch_npu."): kernel
@@ -313,6 +310,8 @@ class SimulatedPackage(types.ModuleType):
     def __init__(self, name: str):
         super().__init__(name)
         self.__path__: list[str] = []
+        # a path where no file is: torch's compiler reads every loaded module's ``__file__`` as a str
+        self.__file__ = f"<simulated by npudoctor>/{name.replace('.', '/')}/__init__.py"
         self.__spec__ = importlib.machinery.ModuleSpec(name, _Finder(), is_package=True)
 
     def __getattr__(self, attribute: str) -> Any:

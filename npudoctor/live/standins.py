@@ -117,6 +117,8 @@ class _StandInModule(types.ModuleType):
     def __init__(self, name: str):
         super().__init__(name, f"stood in by npudoctor: {name} is not installed on this host")
         self.__path__: list[str] = []
+        # a path where no file is: torch's compiler reads every loaded module's ``__file__`` as a str
+        self.__file__ = f"<stood in by npudoctor>/{name.replace('.', '/')}/__init__.py"
         self._stand_in_name = name
 
     def __getattr__(self, name: str) -> Any:

@@ -115,3 +115,42 @@ KERNELS = {
     "_npu_reshape_and_cache": _npu_reshape_and_cache,
     "npu_scatter_pa_kv_cache": npu_scatter_pa_kv_cache,
 }
+
+
+def alloc_extend(
+    pre_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    page_size: int,
+    out_indices: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """sgl-kernel-npu's ``torch.ops.npu.alloc_extend`` (``csrc/pytorch_extensions.cpp``: ``alloc_extend(
+    Tensor pre_lens, Tensor seq_lens, Tensor last_loc, Tensor free_pages, int page_size, Tensor(a!)
+    out_indices, Tensor(b!) values)``; ``csrc/alloc_extend``, sgl-project/sgl-kernel-npu f425bdf):
+    the paged allocation of an extend batch, the semantics of the Triton ``alloc_extend_kernel``
+    (``tritonkernels.alloc_extend_kernel``, one place for it) and of sglang's own fallback
+    ``alloc_extend_kernel_ascend`` (0.5.4 ``mem_cache/allocator_ascend.py``); ``values[0]`` receives
+    the number of new pages taken. The host code accepts int64 tensors only and raises otherwise."""
+    from npudoctor.live.tritonkernels import alloc_extend_kernel
+
+    if any(t.dtype != torch.int64 for t in (pre_lens, seq_lens, last_loc, free_pages, out_indices)):
+        raise ValueError("alloc_extend: Only support int64 input dtype")
+    alloc_extend_kernel(
+        (pre_lens.shape[0],),
+        pre_lens,
+        seq_lens,
+        last_loc,
+        free_pages,
+        out_indices,
+        0,
+        page_size,
+        out_indices.shape[0],
+    )
+    new_pages = -(-seq_lens // page_size) - (-(-pre_lens // page_size))
+    values.view(-1)[0] = int(new_pages.sum())
+
+
+# sgl-kernel-npu's ops registered as ``torch.ops.npu.<name>`` (its csrc), by the name sglang calls
+SGL_KERNEL_NPU = {"torch.ops.npu.alloc_extend": alloc_extend}
