@@ -110,6 +110,21 @@ def judged(outcomes: list[DryRunOutcome], description: list[str]) -> Probe:
             called = ", ".join(f"{name} x{count}" for name, count in sorted(outcome.ops.items()))
             notes.append(f"{outcome.role}: simulated NPU calls: {called}")
         failure = outcome.failure
+        if outcome.served_by:
+            notes.append(f"{outcome.role}: the model was served by {outcome.served_by}")
+        imported = outcome.model_import_failure
+        if imported is not None and imported.in_sglang_code and not leaked(imported):
+            failing.append(outcome.role)
+            evidence.append(
+                Evidence(
+                    expected=f"role {outcome.role} serves the model with sglang's own implementation of its architecture",
+                    observed=(
+                        f"{imported.kind}: {imported.message} (dry run, start-up: sglang's model registry skipped "
+                        f"the module and served the model by {outcome.served_by}){imported.through}"
+                    ),
+                    location=imported.location,
+                )
+            )
         if outcome.error is not None:
             broken.append(f"{outcome.role}: {outcome.error}")
         elif failure is not None and failure.in_sglang_code and not leaked(failure):

@@ -40,6 +40,10 @@ class DryRunOutcome:
     adjusted: list[str] = field(default_factory=list)  # server args the dry run set, and why
     not_simulated: list[str] = field(default_factory=list)  # features of the role not run, and why
     model: list[str] = field(default_factory=list)  # the small model: what was shrunk, what kept
+    # the class that served the model, and, where it is not sglang's own class of the config's
+    # architecture, why sglang's own could not be imported
+    served_by: str = ""
+    model_import_failure: Raised | None = None
     seconds: float = 0.0
     error: str | None = None  # the dry run itself could not run (npudoctor's own failure)
 

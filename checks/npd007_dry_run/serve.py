@@ -275,6 +275,8 @@ class _Watch:
         self.current = START_UP
         self.batches: dict[str, int] = {}  # step -> batches of it that ran to their end
         self.running: list[str] = []  # the steps of the batch running now
+        self.scheduler: Any = None  # the scheduler, once it schedules
+        self.last = START_UP  # the step of the last batch that ran to its end
         self.count = 0
         self.deadline = time.monotonic() + MAX_SECONDS
 
@@ -282,6 +284,7 @@ class _Watch:
         self.running.append(step)
 
     def batch_done(self) -> None:
+        self.last = self.current
         for step in self.running:
             self.batches[step] = self.batches.get(step, 0) + 1
         self.running = []
@@ -430,8 +433,48 @@ def run(request: dict[str, Any]) -> DryRunOutcome:
         outcome.ops = dict(ascendsim.RECORD.ops)
         outcome.gaps = dict(ascendsim.RECORD.gaps)
     _steps(outcome, watch, requests, ended=None)
+    _served_by(outcome, watch.scheduler, request["model_config"])
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def _served_by(outcome: DryRunOutcome, scheduler: Any, config: dict[str, Any]) -> None:
+    """Which class served the model. sglang's model registry skips a model module that fails to
+    import (it logs "Ignore import error when loading ...") and may serve the architecture through
+    another implementation (the Transformers backend): the deployment then runs code it did not
+    ask for. Where the served class is not sglang's own class of the config's architecture, the
+    module defining that class is imported again here, and why it fails is kept."""
+    from npudoctor.live.locations import Raised
+
+    worker = getattr(scheduler, "tp_worker", None)
+    runner = getattr(worker, "model_runner", None) or getattr(
+        getattr(worker, "worker", None), "model_runner", None
+    )
+    model = getattr(runner, "model", None)
+    if model is None:
+        return
+    served = type(model)
+    outcome.served_by = f"{served.__module__}.{served.__qualname__}"
+    wanted = (config.get("architectures") or [None])[0]
+    if not wanted or served.__name__ == wanted:
+        return
+    module = _module_defining(wanted)
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except Exception as error:
+        outcome.model_import_failure = Raised.of(error)
+
+
+def _module_defining(architecture: str) -> str | None:
+    """The sglang model module that defines ``class <architecture>(``, read from the tree."""
+    models = importlib.import_module("sglang.srt.models")
+    for folder in getattr(models, "__path__", []):
+        for path in sorted(Path(folder).glob("*.py")):
+            if f"class {architecture}(" in path.read_text(errors="replace"):
+                return f"sglang.srt.models.{path.stem}"
+    return None
 
 
 def _fake_transfer() -> None:
@@ -480,7 +523,8 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
         setattr(scheduler_class, receive_name, receive_whole_phases)
 
     def get_next_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not requests.planned.is_set():
+        if watch.scheduler is None:
+            watch.scheduler = self
             requests.plan(int(getattr(self, "page_size", None) or 1))
         if requests.done:
             raise _Finished()
@@ -488,6 +532,8 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
             raise _Failed(requests.failure)
         if watch.count > MAX_BATCHES or time.monotonic() > watch.deadline:
             raise _TimedOut()
+        if watch.count:  # what raises now raises while the next batch is prepared
+            watch.current = f"scheduling after {watch.last}"
         return next_batch(self, *args, **kwargs)
 
     def run_one_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
