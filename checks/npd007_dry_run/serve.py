@@ -499,7 +499,15 @@ def _fake_transfer() -> None:
 
 def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> None:
     """Watch the scheduler's batches and end its loop once every request finished."""
-    scheduler_class.__init__ = _guarded(scheduler_class.__init__)
+    initialise = _guarded(scheduler_class.__init__)
+
+    def start(self: Any, *args: Any, **kwargs: Any) -> None:
+        initialise(self, *args, **kwargs)
+        # the scheduler is up: the prompts are sized by its own page (every event loop, PD's too)
+        watch.scheduler = self
+        requests.plan(int(getattr(self, "page_size", None) or 1))
+
+    scheduler_class.__init__ = start
     # the loop run_scheduler_process enters: ``run_event_loop`` (0.5.5 on), or before it one of the
     # ``event_loop_*`` methods it picks itself (0.5.4: normal, overlap, pp, disaggregation's)
     loops = (
@@ -523,9 +531,6 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
         setattr(scheduler_class, receive_name, receive_whole_phases)
 
     def get_next_batch_to_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if watch.scheduler is None:
-            watch.scheduler = self
-            requests.plan(int(getattr(self, "page_size", None) or 1))
         if requests.done:
             raise _Finished()
         if requests.failure is not None:
