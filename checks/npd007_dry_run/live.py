@@ -88,10 +88,10 @@ def live_probe(target: Target, facts: Facts) -> Probe:
     small = small_model(model_config(facts.model))
     description = describe(small)
     outcomes = [run_role(target, role, small.config, description) for role in roles_of(facts)]
-    return judged(outcomes, description)
+    return judged_outcomes(outcomes, description)
 
 
-def judged(outcomes: list[DryRunOutcome], description: list[str]) -> Probe:
+def judged_outcomes(outcomes: list[DryRunOutcome], description: list[str]) -> Probe:
     """The dry runs of every role -> one probe: a ``fail`` where sglang raised on a role's path, a
     ``warn`` where npudoctor could not tell past a step (a gap of the simulation, a module this host
     lacks, a run that did not end), ``error`` where npudoctor's own dry run broke, else ``pass``."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from npudoctor.checks.npd007_dry_run.live import judged
+from npudoctor.checks.npd007_dry_run.live import judged_outcomes
 from npudoctor.checks.npd007_dry_run.outcome import PREFILL, START_UP, STEPS, DryRunOutcome, Step
 from npudoctor.checks.npd007_dry_run.serve import server_args_for
 from npudoctor.live.locations import Raised
@@ -105,11 +105,11 @@ def test_only_an_exception_in_sglang_code_fails_the_gate():
         "AttributeError", "'Req' object has no attribute 'fill_id'", where, (where,), False, True
     )
     in_simulation = Raised("TypeError", "bad operand", where, (where,), False, False)
-    failed = judged([_outcome(in_sglang)], [])
+    failed = judged_outcomes([_outcome(in_sglang)], [])
     assert failed.status.value == "fail"
     assert failed.evidence[0].location == where and "prefill" in failed.evidence[0].observed
-    assert judged([_outcome(in_simulation)], []).status.value == "warn"
-    gap = judged([_outcome(gap="no CPU reference for torch_npu.npu_rms_norm")], [])
+    assert judged_outcomes([_outcome(in_simulation)], []).status.value == "warn"
+    gap = judged_outcomes([_outcome(gap="no CPU reference for torch_npu.npu_rms_norm")], [])
     assert gap.status.value == "warn" and "npu_rms_norm" in gap.summary
 
 
