@@ -16,7 +16,7 @@ import pytest
 
 from npudoctor.engine.kinds import CheckKind
 
-from support.repo import EXAMPLES, check_folder_ids, fetch_sglang
+from support.repo import EXAMPLES, default_check_ids, fetch_sglang
 from support.truths import TRUTH, truth_present
 
 DEEPSEEK = EXAMPLES / "deepseek-v3-pd.yaml"  # MLA without indexer
@@ -247,7 +247,7 @@ def test_text_fits_80_columns(cli, release_cache, monkeypatch):
     _, out, _ = cli("advise", "--config", DEEPSEEK, "--releases", "0.5.14..0.5.15")
     table = out.splitlines()[1:5]
     assert all(len(line) <= 80 for line in table), table
-    deep = check_folder_ids(CheckKind.DEEP)
+    deep = default_check_ids(CheckKind.DEEP)
     assert table[0].split()[: 1 + len(deep)] == ["sglang", *deep]  # no id cut short
     command = f"npudoctor fix --apply --select NPD005 --config {DEEPSEEK}"
     assert any(line.endswith(command) for line in out.splitlines()), out  # one line, to copy

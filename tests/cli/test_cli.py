@@ -17,7 +17,7 @@ from npudoctor.formatters import NAMES as FORMAT_NAMES
 from npudoctor.results import SCHEMA_VERSION
 
 from support.notorch import WITHOUT_TORCH
-from support.repo import EXAMPLES, REPO, check_folder_ids
+from support.repo import EXAMPLES, REPO, default_check_ids
 from support.reports import json_report, result_of
 
 DEEPSEEK_PD = EXAMPLES / "deepseek-v3-pd.yaml"
@@ -29,7 +29,7 @@ def test_json_contract(cli, release):
     assert report["target"]["version"] == "0.5.12"
     assert report["target"]["path"].endswith("sglang")
     ids = [r["id"] for r in report["results"]]
-    assert ids == check_folder_ids(CheckKind.DEEP) + [
+    assert ids == default_check_ids(CheckKind.DEEP) + [
         r.id for r in all_records()
     ]  # the checks, then the catalog
     for result in report["results"]:

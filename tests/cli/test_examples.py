@@ -31,7 +31,7 @@ import yaml
 from npudoctor.engine.kinds import CheckKind
 
 from conftest import sweep
-from support.repo import EXAMPLES, REPO, check_folder_ids
+from support.repo import EXAMPLES, REPO, default_check_ids
 from support.reports import result_of
 from support.truths import RELEASES, TRUTH, truth_present
 
@@ -522,7 +522,7 @@ def test_github_job_runs(subject, tmp_path, state):
     assert outputs["check"]["code"] == ("1" if buggy else "0")
     junit = ET.parse(tmp_path / "work" / "npudoctor.xml").getroot()
     cases = {c.get("name").split()[0]: c for c in junit.iter("testcase")}
-    assert sorted(c for c in cases if CheckKind.of(c) is CheckKind.DEEP) == check_folder_ids(CheckKind.DEEP)
+    assert sorted(c for c in cases if CheckKind.of(c) is CheckKind.DEEP) == default_check_ids(CheckKind.DEEP)
     assert (cases["NPD001"].find("failure") is not None) is buggy
 
     annotate = done["annotate"]

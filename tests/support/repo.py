@@ -22,6 +22,15 @@ def check_folder_ids(kind) -> list[str]:
     return sorted(i for i in ids if kind.owns(i))
 
 
+def default_check_ids(kind) -> list[str]:
+    """``check_folder_ids(kind)`` that run without ``--select``: all but the opt-in checks (the dry
+    run; ``tests/engine/test_kinds.py`` holds which they are)."""
+    from npudoctor.engine.registry import all_checks
+
+    opt_in = {c.id for c in all_checks() if getattr(c, "opt_in", False)}
+    return [i for i in check_folder_ids(kind) if i not in opt_in]
+
+
 def source_copy(destination: Path) -> Path:
     """A copy of the repository's source at ``destination``, to build or install from: a build in
     the repository itself writes ``build/`` and ``*.egg-info`` there, which two tests (or xdist
