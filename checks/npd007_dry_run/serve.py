@@ -181,6 +181,7 @@ class _Requests:
         # held while a phase is sent and while the scheduler receives: a phase arrives whole, so
         # its prompts can be scheduled together (the scheduler polls between two sends otherwise)
         self.arriving = threading.RLock()
+        self.received = 0  # the requests the scheduler's receive returned
         self.finished: dict[str, Any] = {}
         self.cached_tokens: dict[str, int] = {}
         self.sent: list[str] = []
@@ -477,6 +478,10 @@ def _module_defining(architecture: str) -> str | None:
     return None
 
 
+def _requests_in(received: list) -> int:
+    return sum(1 for item in received if type(item).__name__ == "TokenizedGenerateReqInput")
+
+
 def _fake_transfer() -> None:
     """The KV transfer engine has no peer here: every backend's manager, sender, receiver and
     bootstrap server are sglang's own fake ones (``disaggregation/fake``), what its PD warm-up
@@ -524,8 +529,23 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
     receive = getattr(scheduler_class, receive_name, None)
 
     def receive_whole_phases(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """Every request the client sent is received before the scheduler schedules: the IPC
+        socket delivers a second message a moment after the first, and a busy host's scheduler
+        would otherwise schedule the first alone (no prefill of several sequences)."""
         with requests.arriving:
-            return receive(self, *args, **kwargs)
+            received = receive(self, *args, **kwargs)
+            if not isinstance(received, list):
+                return received
+            requests.received += _requests_in(received)
+            deadline = time.monotonic() + 10
+            while requests.received < len(requests.sent) and time.monotonic() < deadline:
+                time.sleep(0.01)
+                more = receive(self, *args, **kwargs)
+                if not isinstance(more, list):
+                    break
+                requests.received += _requests_in(more)
+                received = received + more
+            return received
 
     if receive is not None:
         setattr(scheduler_class, receive_name, receive_whole_phases)

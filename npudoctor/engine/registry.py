@@ -78,7 +78,8 @@ def select(items: list[T], ids: list[str], noun: str, option: str = "--select") 
     is in ``ids``, in the order given; when empty, those of a kind selected by default
     (``CheckKind.default_selected``: not the generic properties). As ruff's rule selectors: a value
     may list several ids with commas, a prefix selects every id it starts (a kind's prefix, as
-    ``NPC``, selects the kind; ``NPC01``: NPC010..NPC019), and ``ALL`` selects everything. A value
+    ``NPC``, selects the kind; ``NPC01``: NPC010..NPC019) but an opt-in check (the dry run) only
+    when it is the prefix's one id, and ``ALL`` selects everything. A value
     that is neither an id nor a prefix of one is an input error."""
     if not ids:
         return [item for item in items if _default_selected(item)]
@@ -91,6 +92,8 @@ def select(items: list[T], ids: list[str], noun: str, option: str = "--select") 
             chosen += list(known)
             continue
         matched = [token] if token in known else [i for i in known if i.startswith(token)]
+        if len(matched) > 1:  # a prefix of several: an opt-in check only when named (or ALL)
+            matched = [i for i in matched if _default_selected(known[i])] or matched
         if not matched:
             unknown.append(token)
         chosen += matched
