@@ -159,8 +159,8 @@ def test_the_default_selection_is_the_default_kinds_without_the_opt_in_checks():
     # the examples and hints use it) leaves it out
     assert [c.id for c in select(checks, ["NPD007"], "check")] == ["NPD007"]
     assert "NPD007" in [c.id for c in select(checks, ["ALL"], "check")]
-    assert [c.id for c in select(checks, ["NPD"], "check")] == [
-        c.id for c in checks if c.id.startswith("NPD") and c.id not in opt_in
+    assert [c.id for c in select(checks, [CheckKind.DEEP.prefix], "check")] == [
+        c.id for c in checks if c.kind is CheckKind.DEEP and c.id not in opt_in
     ]
 
 
