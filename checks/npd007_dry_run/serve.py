@@ -290,11 +290,10 @@ class _Watch:
             self.batches[step] = self.batches.get(step, 0) + 1
         self.running = []
 
-    def classify(self, scheduler: Any, batch: Any) -> None:
+    def classify(self, batch: Any) -> None:
         self.count += 1
         self.running = []
         mode = batch.forward_mode
-        del scheduler  # what a batch holds is enough
         if mode.is_decode():
             self.current = DECODE
             self.saw(DECODE)
@@ -562,7 +561,7 @@ def _instrument(scheduler_class: Any, watch: _Watch, requests: _Requests) -> Non
         return next_batch(self, *args, **kwargs)
 
     def run_one_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        watch.classify(self, batch)
+        watch.classify(batch)
         result = run_batch(self, batch, *args, **kwargs)
         watch.batch_done()
         return result

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import importlib.machinery
 import sys
 import tempfile
@@ -271,6 +272,7 @@ def leaked(error: BaseException) -> bool:
     return "Unmodelled" in str(error) or "unmodelled " in str(error)
 
 
+@functools.cache  # the tables are fixed: built once, not on every attribute a package is asked for
 def _kernel_references() -> dict[str, Callable[..., Any]]:
     """torch_npu ops (also as ``torch.ops.npu``) and sgl-kernel-npu functions, by dotted name."""
     from npudoctor.live.npukernels import KERNELS, SGL_KERNEL_NPU
